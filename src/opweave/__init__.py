@@ -1,0 +1,34 @@
+"""opweave: an optimizing compiler for deep-learning computation graphs.
+
+Public API:
+    opweave.compile(model, example_inputs)  -> a callable (captured with torch.export)
+    opweave.explain(model, example_inputs)  -> coverage and IR report
+    torch.compile(model, backend="opweave") works without importing opweave.
+"""
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+
+def compile(model, example_inputs, *, name=None):
+    """Compile `model` for inference on inputs shaped like `example_inputs`."""
+    from .frontends.torch_export import compile as _compile
+
+    return _compile(model, example_inputs, name=name)
+
+
+def explain(model, example_inputs, *, name=None, graph_breaks=True):
+    """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks."""
+    from .explain import explain as _explain
+
+    return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks)
+
+
+def backend(gm, example_inputs, **options):
+    """The torch.compile backend (also registered as the `opweave` entry point)."""
+    from .frontends.torch_dynamo import opweave_backend
+
+    return opweave_backend(gm, example_inputs, **options)
+
+
+__all__ = ["compile", "explain", "backend", "__version__"]

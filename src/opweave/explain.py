@@ -1,0 +1,82 @@
+"""`opweave.explain`: what opweave makes of a model, before you rely on it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .frontends.program import Coverage
+
+
+@dataclass
+class Explanation:
+    name: str
+    capture: str                      # how the graph was captured: export, make_fx or eager
+    coverage: Coverage
+    ir_ops: dict[str, int]            # IR op -> count, over all opweave segments
+    graph_breaks: int | None          # Dynamo graph breaks under torch.compile (None: not measured)
+    break_reasons: list[str] = field(default_factory=list)
+    flops: int = 0
+    bytes_moved: int = 0
+    capture_error: str = ""
+
+    def __str__(self) -> str:
+        cov = self.coverage
+        lines = [
+            f"model {self.name}: captured with {self.capture}"
+            + (f" ({self.capture_error})" if self.capture_error else ""),
+            f"  ATen ops: {cov.total}, run by opweave: {sum(cov.supported.values())} "
+            f"({cov.share:.1%}), in eager: {sum(cov.fallback.values())}",
+            f"  IR: {sum(self.ir_ops.values())} nodes in {cov.segments} segment(s); "
+            f"{self.flops / 1e9:.3f} GFLOP, {self.bytes_moved / 2**20:.1f} MiB moved unfused",
+            "  IR ops: " + ", ".join(f"{op} {n}" for op, n in self.ir_ops.items()),
+        ]
+        if cov.fallback:
+            lines.append("  fallbacks: " + ", ".join(
+                f"{op} x{n} ({cov.reasons.get(op, '')})" for op, n in cov.fallback.most_common()))
+        else:
+            lines.append("  fallbacks: none")
+        if self.graph_breaks is None:
+            lines.append("  graph breaks under torch.compile: not measured")
+        else:
+            lines.append(f"  graph breaks under torch.compile: {self.graph_breaks}")
+            lines.extend(f"    - {r}" for r in self.break_reasons[:10])
+        return "\n".join(lines)
+
+
+def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
+    try:
+        torch._dynamo.reset()
+        with torch.no_grad():
+            report = torch._dynamo.explain(model)(*example_inputs)
+        return report.graph_break_count, [str(b.reason).splitlines()[0] for b in report.break_reasons]
+    except Exception as err:  # explain must not fail because Dynamo does
+        return None, [f"Dynamo failed: {type(err).__name__}: {str(err).splitlines()[0][:200]}"]
+    finally:
+        torch._dynamo.reset()
+
+
+def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+            name: str | None = None, graph_breaks: bool = True) -> Explanation:
+    """Compile `model` as `opweave.compile` does and report coverage and the IR."""
+    import warnings
+
+    from .frontends.torch_export import compile as compile_model
+    from .frontends.program import OpweaveFallbackWarning
+
+    name = name or type(model).__name__
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
+        compiled = compile_model(model, example_inputs, name=name)
+    ir_ops: dict[str, int] = {}
+    flops = moved = 0
+    for graph in compiled.graphs:
+        for op, n in graph.op_counts().items():
+            ir_ops[op] = ir_ops.get(op, 0) + n
+        cost = graph.cost()
+        flops, moved = flops + cost.flops, moved + cost.bytes
+    ir_ops = dict(sorted(ir_ops.items(), key=lambda kv: (-kv[1], kv[0])))
+    breaks, reasons = _dynamo_breaks(model, example_inputs) if graph_breaks else (None, [])
+    return Explanation(name, compiled.capture, compiled.coverage, ir_ops, breaks, reasons,
+                       flops, moved, compiled.capture_error)

@@ -1,0 +1,553 @@
+"""The ATen table: how each supported ATen overload lowers into IR ops.
+
+Composites decompose here where that loses nothing (addmm -> matmul + add, embedding ->
+index_select, select/squeeze/unsqueeze -> slice/reshape). A rule raises `Unsupported` for
+uses it cannot express, and that node then runs in eager PyTorch.
+"""
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from .lowering import LoweringContext, Unsupported, fx_value, lowers
+
+aten = torch.ops.aten
+MAX_INDEX = 2**63 - 1
+
+
+def _shape(v):
+    return list(v.type.shape)
+
+
+def _dims(dims, rank):
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        return list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    return sorted({d % max(rank, 1) for d in dims}) if rank else []
+
+
+# -- identity-like ---------------------------------------------------------------------------
+@lowers(aten.clone.default, aten.alias.default, aten.detach.default, aten.lift_fresh_copy.default,
+        aten.contiguous.default)
+def _identity(ctx, x, *args, **kwargs):
+    return ctx.value(x)
+
+
+@lowers(operator.getitem)
+def _getitem(ctx, source, index):
+    produced = ctx.values.get(source)
+    if not isinstance(produced, (list, tuple)):
+        raise Unsupported("getitem of a value that is not a tuple")
+    if produced[index] is None:
+        raise Unsupported(f"output {index} of {source.name} has no IR lowering")
+    return produced[index]
+
+
+# -- elementwise -------------------------------------------------------------------------------
+_UNARY = {
+    aten.neg.default: "neg", aten.abs.default: "abs", aten.exp.default: "exp",
+    aten.log.default: "log", aten.log1p.default: "log1p", aten.sqrt.default: "sqrt",
+    aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
+    aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.erf.default: "erf",
+    aten.relu.default: "relu", aten.sin.default: "sin", aten.cos.default: "cos",
+    aten.logical_not.default: "logical_not",
+}
+for _target, _op in _UNARY.items():
+    lowers(_target)(lambda ctx, x, _op=_op: ctx.add1(_op, [ctx.value(x)]))
+
+
+@lowers(aten.bitwise_not.default)
+def _bitwise_not(ctx, x):
+    v = ctx.value(x)
+    if v.type.dtype != torch.bool:
+        raise Unsupported("bitwise_not on integers")
+    return ctx.add1("logical_not", [v])
+
+
+@lowers(aten.gelu.default)
+def _gelu(ctx, x, approximate="none"):
+    return ctx.add1("gelu", [ctx.value(x)], {"approximate": approximate})
+
+
+@lowers(aten.clamp.default)
+def _clamp(ctx, x, min=None, max=None):
+    return ctx.add1("clamp", [ctx.value(x)], {"min": min, "max": max})
+
+
+@lowers(aten.clamp_min.default)
+def _clamp_min(ctx, x, min):
+    return _clamp(ctx, x, min=min)
+
+
+@lowers(aten.clamp_max.default)
+def _clamp_max(ctx, x, max):
+    return _clamp(ctx, x, max=max)
+
+
+def _operands(ctx, a, b):
+    """IR values for two operands, numbers typed as torch promotes them against the tensor."""
+    if not hasattr(a, "op") and not hasattr(b, "op"):
+        raise Unsupported("both operands are numbers")
+    va = ctx.value(a) if hasattr(a, "op") else None
+    vb = ctx.value(b) if hasattr(b, "op") else None
+    return (va or ctx.scalar(a, vb)), (vb or ctx.scalar(b, va))
+
+
+def _with_alpha(ctx, op, a, b, alpha):
+    va, vb = _operands(ctx, a, b)
+    if alpha != 1:
+        vb = ctx.add1("mul", [vb, ctx.scalar(alpha, vb)])
+    return ctx.add1(op, [va, vb])
+
+
+@lowers(aten.add.Tensor, aten.add.Scalar)
+def _add(ctx, a, b, alpha=1):
+    return _with_alpha(ctx, "add", a, b, alpha)
+
+
+@lowers(aten.sub.Tensor, aten.sub.Scalar)
+def _sub(ctx, a, b, alpha=1):
+    return _with_alpha(ctx, "sub", a, b, alpha)
+
+
+@lowers(aten.rsub.Scalar, aten.rsub.Tensor)
+def _rsub(ctx, a, b, alpha=1):
+    return _with_alpha(ctx, "sub", b, a, alpha) if alpha == 1 else _sub(ctx, b, a, alpha)
+
+
+_BINARY = {
+    "mul": (aten.mul.Tensor, aten.mul.Scalar),
+    "maximum": (aten.maximum.default,),
+    "minimum": (aten.minimum.default,),
+    "pow": (aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar),
+    "eq": (aten.eq.Tensor, aten.eq.Scalar), "ne": (aten.ne.Tensor, aten.ne.Scalar),
+    "lt": (aten.lt.Tensor, aten.lt.Scalar), "le": (aten.le.Tensor, aten.le.Scalar),
+    "gt": (aten.gt.Tensor, aten.gt.Scalar), "ge": (aten.ge.Tensor, aten.ge.Scalar),
+    "logical_and": (aten.logical_and.default,), "logical_or": (aten.logical_or.default,),
+}
+for _op, _targets in _BINARY.items():
+    lowers(*_targets)(lambda ctx, a, b, _op=_op: ctx.add1(_op, list(_operands(ctx, a, b))))
+
+
+@lowers(aten.bitwise_and.Tensor, aten.bitwise_or.Tensor)
+def _bitwise(ctx, a, b):
+    va, vb = _operands(ctx, a, b)
+    if va.type.dtype != torch.bool or vb.type.dtype != torch.bool:
+        raise Unsupported("bitwise and/or on integers")
+    op = "logical_and" if ctx.node.target is aten.bitwise_and.Tensor else "logical_or"
+    return ctx.add1(op, [va, vb])
+
+
+@lowers(aten.div.Tensor, aten.div.Scalar)
+def _div(ctx, a, b):
+    return ctx.add1("div", list(_operands(ctx, a, b)))
+
+
+@lowers(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def _div_mode(ctx, a, b, rounding_mode=None):
+    return ctx.add1("div", list(_operands(ctx, a, b)), {"rounding": rounding_mode or "none"})
+
+
+@lowers(aten.where.self)
+def _where(ctx, cond, a, b):
+    va, vb = _operands(ctx, a, b)
+    return ctx.add1("where", [ctx.value(cond), va, vb])
+
+
+@lowers(aten._to_copy.default)
+def _to_copy(ctx, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+             memory_format=None):
+    v = ctx.value(x)
+    if device is not None and torch.device(device).type != "cpu":
+        raise Unsupported(f"copy to {device}")
+    if layout not in (None, torch.strided):
+        raise Unsupported(f"copy to {layout}")
+    return ctx.add1("cast", [v], {"dtype": dtype or v.type.dtype})
+
+
+# -- creation --------------------------------------------------------------------------------
+def _default_dtype(value):
+    return torch.tensor(value).dtype if not isinstance(value, float) else torch.get_default_dtype()
+
+
+@lowers(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, value, dtype=None, layout=None, device=None, pin_memory=None):
+    return ctx.scalar(value, dtype=dtype or torch.get_default_dtype())
+
+
+@lowers(aten.full.default)
+def _full(ctx, size, value, dtype=None, layout=None, device=None, pin_memory=None):
+    return ctx.add1("full", [], {"shape": list(size), "value": value,
+                                 "dtype": dtype or _default_dtype(value)})
+
+
+@lowers(aten.zeros.default, aten.ones.default)
+def _zeros_ones(ctx, size, dtype=None, layout=None, device=None, pin_memory=None):
+    value = 1 if ctx.node.target is aten.ones.default else 0
+    return ctx.add1("full", [], {"shape": list(size), "value": value,
+                                 "dtype": dtype or torch.get_default_dtype()})
+
+
+@lowers(aten.full_like.default)
+def _full_like(ctx, x, value, dtype=None, layout=None, device=None, pin_memory=None,
+               memory_format=None):
+    v = ctx.value(x)
+    return ctx.add1("full", [], {"shape": _shape(v), "value": value, "dtype": dtype or v.type.dtype})
+
+
+@lowers(aten.zeros_like.default, aten.ones_like.default)
+def _zeros_ones_like(ctx, x, dtype=None, layout=None, device=None, pin_memory=None,
+                     memory_format=None):
+    value = 1 if ctx.node.target is aten.ones_like.default else 0
+    return _full_like(ctx, x, value, dtype)
+
+
+@lowers(aten.arange.start_step, aten.arange.start, aten.arange.default)
+def _arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
+    if dtype is None:
+        dtype = torch.int64 if all(isinstance(a, int) for a in (start, end, step)) \
+            else torch.get_default_dtype()
+    return ctx.add1("arange", [], {"start": start, "end": end, "step": step, "dtype": dtype})
+
+
+# -- layout ----------------------------------------------------------------------------------
+def reshape(ctx, v, shape):
+    shape = list(shape)
+    if -1 in shape:
+        known = 1
+        for d in shape:
+            known *= d if d != -1 else 1
+        shape[shape.index(-1)] = v.type.numel // known if known else 0
+    if shape == _shape(v):
+        return v
+    return ctx.add1("reshape", [v], {"shape": shape})
+
+
+@lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def _view(ctx, x, shape):
+    return reshape(ctx, ctx.value(x), shape)
+
+
+@lowers(aten.unsqueeze.default)
+def _unsqueeze(ctx, x, dim):
+    v = ctx.value(x)
+    shape = _shape(v)
+    shape.insert(dim % (len(shape) + 1), 1)
+    return reshape(ctx, v, shape)
+
+
+@lowers(aten.squeeze.dims, aten.squeeze.dim, aten.squeeze.default)
+def _squeeze(ctx, x, dims=None):
+    v = ctx.value(x)
+    shape = _shape(v)
+    dims = _dims(dims, len(shape))
+    return reshape(ctx, v, [s for i, s in enumerate(shape) if not (i in dims and s == 1)])
+
+
+@lowers(aten.permute.default)
+def _permute(ctx, x, dims):
+    v = ctx.value(x)
+    dims = [d % max(v.type.rank, 1) for d in dims]
+    if dims == list(range(v.type.rank)):
+        return v
+    return ctx.add1("permute", [v], {"dims": dims})
+
+
+@lowers(aten.t.default)
+def _t(ctx, x):
+    v = ctx.value(x)
+    return v if v.type.rank < 2 else ctx.add1("permute", [v], {"dims": [1, 0]})
+
+
+@lowers(aten.transpose.int)
+def _transpose(ctx, x, d0, d1):
+    v = ctx.value(x)
+    dims = list(range(v.type.rank))
+    d0, d1 = d0 % v.type.rank, d1 % v.type.rank
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return _permute(ctx, x, dims)
+
+
+@lowers(aten.expand.default)
+def _expand(ctx, x, size, implicit=False):
+    v = ctx.value(x)
+    shape, have = list(size), _shape(v)
+    offset = len(shape) - len(have)
+    shape = [have[i - offset] if d == -1 else d for i, d in enumerate(shape)]
+    if shape == have:
+        return v
+    return ctx.add1("expand", [v], {"shape": shape})
+
+
+@lowers(aten.slice.Tensor)
+def _slice(ctx, x, dim=0, start=None, end=None, step=1):
+    v = ctx.value(x)
+    dim = dim % v.type.rank
+    start = 0 if start is None else start
+    end = MAX_INDEX if end is None else min(end, MAX_INDEX)
+    if start == 0 and end >= v.type.shape[dim] and step == 1:
+        return v
+    return ctx.add1("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
+
+
+@lowers(aten.select.int)
+def _select(ctx, x, dim, index):
+    v = ctx.value(x)
+    dim = dim % v.type.rank
+    index = index % v.type.shape[dim]
+    sliced = ctx.add1("slice", [v], {"dim": dim, "start": index, "end": index + 1, "step": 1})
+    return reshape(ctx, sliced, [s for i, s in enumerate(_shape(v)) if i != dim])
+
+
+@lowers(aten.cat.default)
+def _cat(ctx, tensors, dim=0):
+    values = [ctx.value(t) for t in tensors]
+    values = [v for v in values if not (v.type.rank == 1 and v.type.shape[0] == 0)]  # legacy empties
+    if len(values) == 1:
+        return values[0]
+    return ctx.add1("cat", values, {"dim": dim % values[0].type.rank})
+
+
+# -- reductions and normalization --------------------------------------------------------------
+def _reduce(op):
+    def rule(ctx, x, dims=None, keepdim=False, dtype=None):
+        v = ctx.value(x)
+        if dtype is not None and dtype != v.type.dtype:
+            v = ctx.add1("cast", [v], {"dtype": dtype})
+        return ctx.add1(op, [v], {"dims": _dims(dims, v.type.rank), "keepdim": keepdim})
+    return rule
+
+
+lowers(aten.sum.dim_IntList)(_reduce("sum"))
+lowers(aten.mean.dim)(_reduce("mean"))
+lowers(aten.amax.default)(_reduce("amax"))
+lowers(aten.amin.default)(_reduce("amin"))
+lowers(aten.any.dim, aten.any.dims)(_reduce("any"))
+
+
+@lowers(aten.sum.default, aten.mean.default, aten.any.default)
+def _reduce_all(ctx, x, dtype=None):
+    op = {aten.sum.default: "sum", aten.mean.default: "mean", aten.any.default: "any"}[ctx.node.target]
+    return _reduce(op)(ctx, x, None, False, dtype)
+
+
+@lowers(aten._softmax.default, aten._log_softmax.default)
+def _softmax(ctx, x, dim, half_to_float):
+    if half_to_float:
+        raise Unsupported("softmax with half_to_float")
+    v = ctx.value(x)
+    op = "softmax" if ctx.node.target is aten._softmax.default else "log_softmax"
+    return ctx.add1(op, [v], {"dim": dim % v.type.rank})
+
+
+def _ones_or(ctx, node, shape, dtype, value):
+    if node is not None:
+        return ctx.value(node)
+    return ctx.add1("full", [], {"shape": list(shape), "value": value, "dtype": dtype})
+
+
+@lowers(aten.native_layer_norm.default)
+def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
+    v = ctx.value(x)
+    w = _ones_or(ctx, weight, normalized_shape, v.type.dtype, 1.0)
+    b = _ones_or(ctx, bias, normalized_shape, v.type.dtype, 0.0)
+    return ctx.add("layer_norm", [v, w, b], {"normalized_shape": list(normalized_shape), "eps": eps})
+
+
+@lowers(aten._native_batch_norm_legit_no_training.default)
+def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
+    v = ctx.value(x)
+    channels = [v.type.shape[1]]
+    w = _ones_or(ctx, weight, channels, v.type.dtype, 1.0)
+    b = _ones_or(ctx, bias, channels, v.type.dtype, 0.0)
+    out = ctx.add1("batch_norm", [v, w, b, ctx.value(mean), ctx.value(var)], {"eps": eps})
+    return [out, None, None]
+
+
+# -- contractions ------------------------------------------------------------------------------
+@lowers(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(ctx, a, b):
+    sparse = ctx.constant_tensor(a)
+    if sparse is not None and sparse.layout == torch.sparse_coo:
+        return _sparse_mm(ctx, sparse, ctx.value(b))
+    return ctx.add1("matmul", [ctx.value(a), ctx.value(b)])
+
+
+@lowers(aten.addmm.default)
+def _addmm(ctx, bias, a, b, beta=1, alpha=1):
+    out = ctx.add1("matmul", [ctx.value(a), ctx.value(b)])
+    if alpha != 1:
+        out = ctx.add1("mul", [out, ctx.scalar(alpha, out)])
+    if beta == 0:
+        return out
+    vbias = ctx.value(bias)
+    if beta != 1:
+        vbias = ctx.add1("mul", [vbias, ctx.scalar(beta, vbias)])
+    return ctx.add1("add", [out, vbias])
+
+
+def _sparse_mm(ctx, sparse: torch.Tensor, dense):
+    sparse = sparse.coalesce()
+    rows, cols = sparse.shape
+    indices = ctx.graph.add_constant("sparse_indices", sparse.indices())
+    values = ctx.graph.add_constant("sparse_values", sparse.values())
+    return ctx.add1("sparse_mm", [indices, values, dense], {"rows": rows, "cols": cols})
+
+
+@lowers(aten._sparse_addmm.default)
+def _sparse_addmm(ctx, bias, sparse, dense, beta=1, alpha=1):
+    data = ctx.constant_tensor(sparse)
+    if data is None or data.layout != torch.sparse_coo:
+        raise Unsupported("sparse matmul needs the sparse operand to be a constant COO tensor")
+    out = _sparse_mm(ctx, data, ctx.value(dense))
+    if alpha != 1:
+        out = ctx.add1("mul", [out, ctx.scalar(alpha, out)])
+    if beta == 0:
+        return out
+    return ctx.add1("add", [out, ctx.add1("mul", [ctx.value(bias), ctx.scalar(beta, out)])])
+
+
+@lowers(aten.convolution.default)
+def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    inputs = [ctx.value(x), ctx.value(weight)] + ([ctx.value(bias)] if bias is not None else [])
+    return ctx.add1("conv", inputs, {"stride": list(stride), "padding": list(padding),
+                                     "dilation": list(dilation), "groups": groups})
+
+
+@lowers(aten.convolution_backward.default)
+def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                          output_padding, groups, output_mask):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    mask = [int(bool(m)) for m in output_mask]
+    outs = iter(ctx.add("conv_backward", [ctx.value(grad), ctx.value(x), ctx.value(weight)],
+                        {"stride": list(stride), "padding": list(padding),
+                         "dilation": list(dilation), "groups": groups, "output_mask": mask}))
+    return [next(outs) if m else None for m in mask]
+
+
+# -- pooling, dropout, indexing ------------------------------------------------------------------
+def _uses_output(index: int, node) -> bool:
+    return any(u.target is operator.getitem and u.args[1] == index for u in node.users)
+
+
+def _pair(v, default=None):
+    if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+        return default
+    return list(v) * 2 if len(v) == 1 else list(v)
+
+
+@lowers(aten.max_pool2d_with_indices.default)
+def _max_pool2d(ctx, x, kernel, stride=None, padding=0, dilation=1, ceil_mode=False):
+    kernel = _pair(kernel)
+    with_indices = _uses_output(1, ctx.node)
+    attrs = {"kernel": kernel, "stride": _pair(stride, kernel),
+             "padding": _pair(padding if isinstance(padding, (list, tuple)) else [padding]),
+             "dilation": _pair(dilation if isinstance(dilation, (list, tuple)) else [dilation]),
+             "ceil_mode": ceil_mode, "with_indices": with_indices}
+    outs = ctx.add("max_pool2d", [ctx.value(x)], attrs)
+    return outs if with_indices else [outs[0], None]
+
+
+@lowers(aten.max_pool2d_with_indices_backward.default)
+def _max_pool2d_backward(ctx, grad, x, kernel, stride, padding, dilation, ceil_mode, indices):
+    kernel = _pair(kernel)
+    return ctx.add1("max_pool2d_backward", [ctx.value(grad), ctx.value(x), ctx.value(indices)],
+                    {"kernel": kernel, "stride": _pair(stride, kernel), "padding": _pair(padding),
+                     "dilation": _pair(dilation), "ceil_mode": ceil_mode})
+
+
+@lowers(aten.adaptive_max_pool2d.default)
+def _adaptive_max_pool2d(ctx, x, output_size):
+    with_indices = _uses_output(1, ctx.node)
+    outs = ctx.add("adaptive_max_pool2d", [ctx.value(x)],
+                   {"output_size": _pair(output_size), "with_indices": with_indices})
+    return outs if with_indices else [outs[0], None]
+
+
+@lowers(aten.adaptive_max_pool2d_backward.default)
+def _adaptive_max_pool2d_backward(ctx, grad, x, indices):
+    return ctx.add1("adaptive_max_pool2d_backward",
+                    [ctx.value(grad), ctx.value(x), ctx.value(indices)])
+
+
+@lowers(aten.native_dropout.default)
+def _native_dropout(ctx, x, p, train):
+    v = ctx.value(x)
+    if train is False or p == 0:
+        return [v, ctx.add1("full", [], {"shape": _shape(v), "value": True, "dtype": torch.bool})]
+    return ctx.add("dropout", [v], {"p": p})
+
+
+@lowers(aten.embedding.default)
+def _embedding(ctx, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    w, idx = ctx.value(weight), ctx.value(indices)
+    flat = reshape(ctx, idx, [idx.type.numel])
+    rows = ctx.add1("index_select", [w, flat], {"dim": 0})
+    return reshape(ctx, rows, _shape(idx) + [w.type.shape[1]])
+
+
+@lowers(aten.index_select.default)
+def _index_select(ctx, x, dim, index):
+    v = ctx.value(x)
+    return ctx.add1("index_select", [v, ctx.value(index)], {"dim": dim % v.type.rank})
+
+
+@lowers(aten.index.Tensor)
+def _index(ctx, x, indices):
+    v = ctx.value(x)
+    dim, index = _single_index(ctx, indices)
+    return ctx.add1("index_select", [v, index], {"dim": dim})
+
+
+def _single_index(ctx, indices):
+    present = [(i, t) for i, t in enumerate(indices) if t is not None]
+    if len(present) != 1:
+        raise Unsupported("advanced indexing with more than one index tensor")
+    dim, node = present[0]
+    index = ctx.value(node)
+    if index.type.rank != 1 or index.type.dtype not in (torch.int64, torch.int32):
+        raise Unsupported("advanced indexing other than by one rank-1 integer index")
+    return dim, index
+
+
+@lowers(aten.index_put.default)
+def _index_put(ctx, x, indices, values, accumulate=False):
+    dim, index = _single_index(ctx, indices)
+    if dim != 0:
+        raise Unsupported("index_put along a dim other than 0")
+    return ctx.add1("index_put", [ctx.value(x), index, ctx.value(values)], {"accumulate": accumulate})
+
+
+@lowers(aten.gather.default)
+def _gather(ctx, x, dim, index, sparse_grad=False):
+    v = ctx.value(x)
+    return ctx.add1("gather", [v, ctx.value(index)], {"dim": dim % v.type.rank})
+
+
+@lowers(aten.scatter.value, aten.scatter.src)
+def _scatter(ctx, x, dim, index, src):
+    v, idx = ctx.value(x), ctx.value(index)
+    if hasattr(src, "op"):
+        s = ctx.value(src)
+    else:
+        s = ctx.add1("full", [], {"shape": _shape(idx), "value": src, "dtype": v.type.dtype})
+    return ctx.add1("scatter", [v, idx, s], {"dim": dim % v.type.rank})
+
+
+def check_example(node) -> None:
+    """Raise Unsupported when the node's example value is not something the IR carries."""
+    from .lowering import tensor_type
+
+    value = fx_value(node)
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if item is not None and isinstance(item, torch.Tensor):
+            tensor_type(item)
+
+
+__all__ = ["LoweringContext", "reshape", "check_example"]

@@ -1,0 +1,298 @@
+"""Compile an ATen-level FX graph: lower what the IR supports, run the rest in eager.
+
+The FX nodes are classified (supported or not, with the reason), reordered so supported
+nodes cluster, and cut into contiguous segments. Each supported segment becomes one IR
+graph run by the executor; each unsupported node runs as the ATen call it was. Because
+segments are contiguous in a topological order, the split can never create a cycle.
+"""
+from __future__ import annotations
+
+import heapq
+import operator
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from ..ir import Graph, ShapeError, verify
+from ..ir.graph import Value
+from ..runtime import Executor
+from . import aten_table  # noqa: F401  (fills the lowering table)
+from .lowering import TABLE, LoweringContext, Unsupported, fx_value, tensor_type
+
+
+class OpweaveFallbackWarning(UserWarning):
+    """Some ops of a model run in eager PyTorch because opweave cannot lower them yet."""
+
+
+@dataclass
+class Coverage:
+    """What share of a graph opweave runs, and what falls back (op -> count, op -> reason)."""
+
+    supported: Counter = field(default_factory=Counter)
+    fallback: Counter = field(default_factory=Counter)
+    reasons: dict[str, str] = field(default_factory=dict)
+    segments: int = 0
+    ir_nodes: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.supported.values()) + sum(self.fallback.values())
+
+    @property
+    def share(self) -> float:
+        return sum(self.supported.values()) / self.total if self.total else 1.0
+
+    def merge(self, other: "Coverage") -> None:
+        self.supported.update(other.supported)
+        self.fallback.update(other.fallback)
+        self.reasons.update(other.reasons)
+        self.segments += other.segments
+        self.ir_nodes += other.ir_nodes
+
+    def fallback_message(self) -> str:
+        listed = ", ".join(f"{op} x{n} ({self.reasons.get(op, '')})" for op, n in
+                           self.fallback.most_common())
+        return f"opweave runs these ops in eager PyTorch: {listed}"
+
+
+def op_name(node: fx.Node) -> str:
+    target = node.target
+    return getattr(target, "__name__", None) if target is operator.getitem else str(target)
+
+
+def _is_compute(node: fx.Node) -> bool:
+    return node.op == "call_function"
+
+
+def _trial_lower(node: fx.Node, constants) -> tuple[Any, str]:
+    """Lower one node into a scratch graph; return (its values, '') or (None, reason)."""
+    rule = TABLE.get(node.target)
+    if rule is None:
+        return None, "no lowering"
+    scratch = LoweringContext(Graph("trial"), constants)
+    try:
+        for dep in node.all_input_nodes:
+            if dep in constants:
+                continue
+            example = fx_value(dep)
+            if isinstance(example, (tuple, list)):
+                scratch.values[dep] = [scratch.graph.add_input(f"{dep.name}_{i}", tensor_type(e))
+                                       if isinstance(e, torch.Tensor) else None
+                                       for i, e in enumerate(example)]
+            else:
+                scratch.values[dep] = scratch.graph.add_input(dep.name, tensor_type(example))
+        scratch.node = node
+        result = rule(scratch, *node.args, **node.kwargs)
+        _check_against_example(node, result)
+        return result, ""
+    except Unsupported as err:
+        return None, str(err)
+    except (ShapeError, ValueError, TypeError, KeyError, IndexError, RuntimeError) as err:
+        return None, f"{type(err).__name__}: {err}"
+
+
+def _check_against_example(node: fx.Node, result) -> None:
+    """The lowering must produce exactly the type torch computed for this node."""
+    example = fx_value(node)
+    pairs = zip(result, example) if isinstance(result, (list, tuple)) else [(result, example)]
+    for value, ex in pairs:
+        if value is None or not isinstance(ex, torch.Tensor):
+            continue
+        want = tensor_type(ex)
+        if value.type != want:
+            raise Unsupported(f"lowering gives {value.type}, torch gives {want}")
+
+
+@dataclass
+class _Segment:
+    nodes: list[fx.Node]
+    executor: Executor | None = None
+    inputs: list[fx.Node] = field(default_factory=list)
+    outputs: list[fx.Node] = field(default_factory=list)
+
+
+class CompiledProgram:
+    """The split graph, callable like the FX graph it came from."""
+
+    def __init__(self, gm: fx.GraphModule, constants: dict[fx.Node, torch.Tensor] | None = None,
+                 name: str = "graph", verify_each: bool = True):
+        self.gm = gm
+        self.name = name
+        graph = gm.graph
+        self.constants = dict(constants or {})
+        # The runtime arguments: placeholders not bound to constants, in order.
+        self.placeholders = [n for n in graph.nodes
+                             if n.op == "placeholder" and n not in self.constants]
+        for node in graph.nodes:
+            if node.op == "get_attr":
+                self.constants[node] = _fetch_attr(gm, node.target)
+        self.coverage = Coverage()
+        supported, reasons = self._classify(graph)
+        order = _cluster_order(graph, supported)
+        self.steps: list[_Segment | fx.Node] = []
+        for node in order:
+            if node in supported:
+                if not self.steps or not isinstance(self.steps[-1], _Segment):
+                    self.steps.append(_Segment([]))
+                self.steps[-1].nodes.append(node)
+            else:
+                self.steps.append(node)
+                name_ = op_name(node)
+                self.coverage.fallback[name_] += 1
+                self.coverage.reasons.setdefault(name_, reasons.get(node, ""))
+        self.output_node = next(n for n in graph.nodes if n.op == "output")
+        self._build_segments(verify_each)
+        self._plan_frees()
+
+    # -- classification ------------------------------------------------------------------
+    def _classify(self, graph: fx.Graph):
+        supported: set[fx.Node] = set()
+        reasons: dict[fx.Node, str] = {}
+        trial: dict[fx.Node, Any] = {}
+        for node in graph.nodes:
+            if not _is_compute(node):
+                continue
+            if node.target is operator.getitem:
+                source = node.args[0]
+                ok = source in supported and trial.get(source) is not None \
+                    and isinstance(trial[source], (list, tuple)) \
+                    and trial[source][node.args[1]] is not None
+                if ok:
+                    supported.add(node)
+                else:
+                    reasons[node] = "its source runs in eager"
+                continue
+            result, reason = _trial_lower(node, self.constants)
+            if reason:
+                reasons[node] = reason
+            else:
+                supported.add(node)
+                trial[node] = result
+                self.coverage.supported[op_name(node)] += 1
+        # getitem is bookkeeping, not an op: count it with nothing.
+        return supported, reasons
+
+    # -- segments --------------------------------------------------------------------------
+    def _build_segments(self, verify_each: bool) -> None:
+        position = {}
+        for i, step in enumerate(self.steps):
+            for node in (step.nodes if isinstance(step, _Segment) else [step]):
+                position[node] = i
+        for i, step in enumerate(self.steps):
+            if not isinstance(step, _Segment):
+                continue
+            members = set(step.nodes)
+            step.inputs = list(dict.fromkeys(
+                dep for n in step.nodes for dep in n.all_input_nodes
+                if dep not in members and dep not in self.constants))
+            step.outputs = [n for n in step.nodes
+                            if any(u not in members for u in n.users)]
+            step.executor = self._lower_segment(step, f"{self.name}_{i}", verify_each)
+            self.coverage.segments += 1
+            self.coverage.ir_nodes += len(step.executor.graph.nodes)
+
+    def _lower_segment(self, segment: _Segment, name: str, verify_each: bool) -> Executor:
+        ctx = LoweringContext(Graph(name), self.constants)
+        for dep in segment.inputs:
+            ctx.values[dep] = ctx.graph.add_input(dep.name, tensor_type(fx_value(dep)))
+        for node in segment.nodes:
+            ctx.node = node
+            ctx.values[node] = TABLE[node.target](ctx, *node.args, **node.kwargs)
+        outputs = []
+        for node in segment.outputs:
+            value = ctx.values[node]
+            if not isinstance(value, Value):
+                raise AssertionError(f"segment output {node.name} is not a single tensor")
+            outputs.append(value)
+        ctx.graph.outputs = outputs
+        ctx.graph.remove_dead()
+        if verify_each:
+            verify(ctx.graph)
+        return Executor(ctx.graph)
+
+    def _plan_frees(self) -> None:
+        """After each step, which FX values nobody later needs (dropped to free memory)."""
+        slot = {n: i for i, n in enumerate(self.gm.graph.nodes)}
+        self._slot = slot
+        last: dict[fx.Node, int] = {}
+        for i, step in enumerate(self.steps):
+            used = step.inputs if isinstance(step, _Segment) else step.all_input_nodes
+            for dep in used:
+                last[dep] = i
+        keep = set(self.output_node.all_input_nodes)
+        self._frees = [[] for _ in self.steps]
+        for node, i in last.items():
+            if node not in keep and node not in self.constants:
+                self._frees[i].append(slot[node])
+
+    # -- running ---------------------------------------------------------------------------
+    def __call__(self, *args):
+        env: list[Any] = [None] * len(self._slot)
+        for node, value in zip(self.placeholders, args):
+            env[self._slot[node]] = value
+        for node, value in self.constants.items():
+            env[self._slot[node]] = value
+        for step, frees in zip(self.steps, self._frees):
+            if isinstance(step, _Segment):
+                results = step.executor(*[env[self._slot[n]] for n in step.inputs])
+                for node, value in zip(step.outputs, results):
+                    env[self._slot[node]] = value
+            else:
+                fn_args = fx.node.map_arg(step.args, lambda n: env[self._slot[n]])
+                fn_kwargs = fx.node.map_arg(step.kwargs, lambda n: env[self._slot[n]])
+                env[self._slot[step]] = step.target(*fn_args, **fn_kwargs)
+            for s in frees:
+                env[s] = None
+        return fx.node.map_arg(self.output_node.args[0], lambda n: env[self._slot[n]])
+
+    @property
+    def graphs(self) -> list[Graph]:
+        return [s.executor.graph for s in self.steps if isinstance(s, _Segment)]
+
+    def warn_fallbacks(self) -> None:
+        if self.coverage.fallback:
+            _warn_once(self.coverage.fallback_message())
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warnings.warn(message, OpweaveFallbackWarning, stacklevel=4)
+
+
+def _fetch_attr(gm: torch.nn.Module, target: str):
+    obj = gm
+    for part in target.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _cluster_order(graph: fx.Graph, supported: set[fx.Node]) -> list[fx.Node]:
+    """A topological order of the compute nodes that keeps supported nodes together:
+    while any supported node is ready, take it; otherwise take an unsupported one."""
+    compute = [n for n in graph.nodes if _is_compute(n)]
+    index = {n: i for i, n in enumerate(compute)}
+    pending = {n: sum(1 for d in n.all_input_nodes if d in index) for n in compute}
+    ready_ok: list[int] = []
+    ready_other: list[int] = []
+    for n in compute:
+        if pending[n] == 0:
+            heapq.heappush(ready_ok if n in supported else ready_other, index[n])
+    order = []
+    while ready_ok or ready_other:
+        queue = ready_ok if ready_ok else ready_other
+        node = compute[heapq.heappop(queue)]
+        order.append(node)
+        for user in node.users:
+            if user in pending:
+                pending[user] -= 1
+                if pending[user] == 0:
+                    heapq.heappush(ready_ok if user in supported else ready_other, index[user])
+    return order

@@ -1,0 +1,43 @@
+"""`torch.compile(model, backend="opweave")`: Dynamo captures, AOTAutograd lowers to ATen
+(forward and, for training, backward graphs), opweave compiles each graph it is handed.
+
+Registered under the `torch_dynamo_backends` entry point, so it works without
+`import opweave`.
+"""
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from .decompositions import decomposition_table
+from .program import CompiledProgram
+
+_counter = itertools.count()
+
+
+def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():  # AOTAutograd calls compilers under its fake mode
+        program = CompiledProgram(gm, name=f"dynamo_{next(_counter)}")
+    program.warn_fallbacks()
+    compiled_graphs.append(program)
+
+    def run(*args):
+        return program(*args)
+
+    return run
+
+
+# The programs compiled in this process, newest last (for explain and tests).
+compiled_graphs: list[CompiledProgram] = []
+
+
+def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
+    """The Dynamo backend: `backend(graph_module, example_inputs) -> callable`."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    backend = aot_autograd(fw_compiler=_compile_aten_graph, bw_compiler=_compile_aten_graph,
+                           decompositions=decomposition_table())
+    return backend(gm, example_inputs)

@@ -1,0 +1,99 @@
+"""`opweave.compile(model, example_inputs)`: capture with torch.export, compile, run.
+
+Parameters and buffers are frozen into the graph as constants (this path is for
+inference). Where torch.export cannot capture the model, opweave traces it with make_fx
+(tensors the model holds, such as a sparse adjacency, become constants); where that fails
+too, the model runs in eager PyTorch and opweave says so once.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+import torch.utils._pytree as pytree
+
+from .decompositions import decomposition_table
+from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
+
+
+class CompiledModel:
+    """A model compiled by opweave; call it like the original module."""
+
+    def __init__(self, model: torch.nn.Module, program: CompiledProgram | None,
+                 capture: str, out_spec=None, capture_error: str = ""):
+        self.model = model
+        self.program = program
+        self.capture = capture  # "export", "make_fx" or "eager"
+        self.capture_error = capture_error
+        self._out_spec = out_spec
+
+    @property
+    def coverage(self) -> Coverage:
+        return self.program.coverage if self.program else Coverage()
+
+    @property
+    def graphs(self):
+        return self.program.graphs if self.program else []
+
+    def __call__(self, *args, **kwargs):
+        if self.program is None:
+            return self.model(*args, **kwargs)
+        flat, _ = pytree.tree_flatten((args, kwargs))
+        outputs = self.program(*flat)
+        if self._out_spec is None:
+            return outputs[0] if len(outputs) == 1 else tuple(outputs)
+        return pytree.tree_unflatten(list(outputs), self._out_spec)
+
+
+def _capture_export(model, example_inputs):
+    exported = torch.export.export(model, tuple(example_inputs))
+    exported = exported.run_decompositions(decomposition_table())
+    gm = exported.graph_module
+    sig = exported.graph_signature
+    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
+        raise RuntimeError("the model mutates its buffers or inputs (training mode?); "
+                           "opweave.compile freezes weights for inference")
+    state = {**exported.state_dict, **exported.constants}
+    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    constants: dict[fx.Node, torch.Tensor] = {}
+    for spec in sig.input_specs:
+        target = getattr(spec, "target", None)
+        if target is not None and target in state:
+            constants[placeholders[spec.arg.name]] = state[target]
+    return gm, constants, exported.call_spec.out_spec
+
+
+def _capture_make_fx(model, example_inputs):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        gm = make_fx(lambda *a: model(*a), decomposition_table=decomposition_table())(*example_inputs)
+    return gm, {}, None
+
+
+def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
+            name: str | None = None) -> CompiledModel:
+    """Compile `model` for inference on inputs shaped like `example_inputs`."""
+    name = name or type(model).__name__
+    errors = []
+    for capture, fn in (("export", _capture_export), ("make_fx", _capture_make_fx)):
+        try:
+            gm, constants, out_spec = fn(model, example_inputs)
+        except Exception as err:  # capture failures are reported, never fatal
+            errors.append(f"{capture}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            continue
+        program = CompiledProgram(gm, constants, name=name)
+        program.warn_fallbacks()
+        if errors:
+            warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),
+                          OpweaveFallbackWarning, stacklevel=2)
+        return CompiledModel(model, program, capture, out_spec, "; ".join(errors))
+    message = f"opweave could not capture {name}; it runs in eager PyTorch ({'; '.join(errors)})"
+    warnings.warn(message, OpweaveFallbackWarning, stacklevel=2)
+    return CompiledModel(model, None, "eager", capture_error="; ".join(errors))
+
+
+def _flat(outputs) -> list[Any]:
+    return pytree.tree_flatten(outputs)[0]

@@ -1,0 +1,44 @@
+"""Ops with no tensor inputs: graph constants, filled tensors and ranges."""
+from __future__ import annotations
+
+import torch
+
+from ._common import Attr, MappingType, ShapeError, define
+
+
+def _constant(*, name, shape, dtype):
+    """A named constant of the graph (weights, folded values); its data lives in `Graph.constants`."""
+    raise RuntimeError(f"constant {name!r} has no data bound: the executor reads Graph.constants")
+
+
+define("constant", 0, MappingType.ONE_TO_ONE, lambda ins, a: [tuple(a["shape"])],
+       lambda ins, a: [a["dtype"]], _constant,
+       attrs={"name": Attr("str"), "shape": Attr("ints"), "dtype": Attr("dtype")})
+
+
+def _full(*, shape, value, dtype):
+    """A tensor of `shape` filled with `value`."""
+    return torch.full(shape, value, dtype=dtype)
+
+
+define("full", 0, MappingType.ONE_TO_MANY, lambda ins, a: [tuple(a["shape"])],
+       lambda ins, a: [a["dtype"]], _full,
+       attrs={"shape": Attr("ints"), "value": Attr("scalar"), "dtype": Attr("dtype")},
+       impl_out=lambda ins, a, out: out.fill_(a["value"]))
+
+
+def _arange_shape(ins, attrs):
+    start, end, step = attrs["start"], attrs["end"], attrs["step"]
+    if step == 0:
+        raise ShapeError("arange: step must not be zero")
+    return [(len(torch.arange(start, end, step, device="meta")),)]
+
+
+def _arange(*, start, end, step, dtype):
+    """start, start + step, ... up to (not including) end."""
+    return torch.arange(start, end, step, dtype=dtype)
+
+
+define("arange", 0, MappingType.ONE_TO_MANY, _arange_shape, lambda ins, a: [a["dtype"]], _arange,
+       attrs={"start": Attr("scalar", 0), "end": Attr("scalar"), "step": Attr("scalar", 1),
+              "dtype": Attr("dtype")})

@@ -1,0 +1,126 @@
+"""Contractions (many-to-many): matmul, convolution and its backward, sparse-dense matmul."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._common import Attr, MappingType, ShapeError, broadcast, define
+
+MANY = MappingType.MANY_TO_MANY
+
+
+def _same_float_dtype(ins, attrs):
+    dtypes = {t.dtype for t in ins}
+    if len(dtypes) != 1:
+        raise ShapeError(f"operands must share a dtype, got {', '.join(map(str, ins))}")
+    return [ins[0].dtype]
+
+
+def _matmul_shape(ins, attrs):
+    a, b = ins
+    if a.rank < 2 or b.rank < 2:
+        raise ShapeError(f"matmul needs rank >= 2 operands, got {a} and {b}")
+    if a.shape[-1] != b.shape[-2]:
+        raise ShapeError(f"matmul: inner dims differ: {a} @ {b}")
+    batch = broadcast(a.shape[:-2], b.shape[:-2])
+    return [batch + (a.shape[-2], b.shape[-1])]
+
+
+def _matmul_flops(ins, outs, attrs):
+    return 2 * outs[0].numel * ins[0].shape[-1]
+
+
+define("matmul", 2, MANY, _matmul_shape, _same_float_dtype, torch.matmul, flops=_matmul_flops,
+       impl_out=lambda ins, a, out: torch.matmul(*ins, out=out))
+
+
+def _conv_out_size(size, kernel, stride, pad, dilation):
+    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _conv_shape(ins, attrs):
+    x, w = ins[0], ins[1]
+    spatial = x.rank - 2
+    if spatial < 1 or w.rank != x.rank:
+        raise ShapeError(f"conv: input {x} and weight {w} must both be rank 3..5")
+    for key in ("stride", "padding", "dilation"):
+        if len(attrs[key]) != spatial:
+            raise ShapeError(f"conv: {key} needs {spatial} values, got {attrs[key]}")
+    groups = attrs["groups"]
+    if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
+        raise ShapeError(f"conv: input {x} does not match weight {w} with groups={groups}")
+    if len(ins) == 3 and ins[2].shape != (w.shape[0],):
+        raise ShapeError(f"conv: bias {ins[2]} must have shape [{w.shape[0]}]")
+    out = [_conv_out_size(x.shape[2 + i], w.shape[2 + i], attrs["stride"][i], attrs["padding"][i],
+                          attrs["dilation"][i]) for i in range(spatial)]
+    if any(o <= 0 for o in out):
+        raise ShapeError(f"conv: output would be empty for input {x} and weight {w}")
+    return [(x.shape[0], w.shape[0], *out)]
+
+
+def _conv_flops(ins, outs, attrs):
+    w = ins[1]
+    return 2 * outs[0].numel * math.prod(w.shape[1:])
+
+
+def _conv(x, weight, bias=None, *, stride, padding, dilation, groups):
+    """N-d convolution (N = 1, 2, 3) with an optional bias."""
+    return torch.ops.aten.convolution(x, weight, bias, stride, padding, dilation, False,
+                                      [0] * len(stride), groups)
+
+
+_CONV_ATTRS = {"stride": Attr("ints"), "padding": Attr("ints"), "dilation": Attr("ints"),
+               "groups": Attr("int", 1)}
+define("conv", None, MANY, _conv_shape, _same_float_dtype, _conv, attrs=_CONV_ATTRS,
+       flops=_conv_flops)
+
+
+def _conv_backward_shape(ins, attrs):
+    grad, x, w = ins
+    mask = attrs["output_mask"]
+    shapes = [x.shape, w.shape, (w.shape[0],)]
+    return [s for s, keep in zip(shapes, mask) if keep]
+
+
+def _conv_backward(grad, x, weight, *, stride, padding, dilation, groups, output_mask):
+    """Gradients of conv for input, weight and bias, those selected by `output_mask`."""
+    outs = torch.ops.aten.convolution_backward(
+        grad, x, weight, [weight.shape[0]], stride, padding, dilation, False,
+        [0] * len(stride), groups, [bool(m) for m in output_mask])
+    return [o for o, keep in zip(outs, output_mask) if keep]
+
+
+define("conv_backward", 3, MANY, _conv_backward_shape,
+       lambda ins, a: [ins[0].dtype] * sum(map(bool, a["output_mask"])), _conv_backward,
+       attrs={**_CONV_ATTRS, "output_mask": Attr("ints", [1, 1, 1])},
+       flops=lambda ins, outs, a: 4 * ins[0].numel * math.prod(ins[2].shape[1:]))
+
+
+def _sparse_mm_shape(ins, attrs):
+    indices, values, dense = ins
+    if indices.rank != 2 or indices.shape[0] != 2 or values.shape != (indices.shape[1],):
+        raise ShapeError(f"sparse_mm: COO indices {indices} / values {values} are malformed")
+    if dense.rank != 2 or dense.shape[0] != attrs["cols"]:
+        raise ShapeError(f"sparse_mm: [{attrs['rows']},{attrs['cols']}] sparse @ {dense}")
+    return [(attrs["rows"], dense.shape[1])]
+
+
+def _sparse_mm_dtype(ins, attrs):
+    if ins[0].dtype != torch.int64:
+        raise ShapeError(f"sparse_mm: indices must be i64, got {ins[0]}")
+    if ins[1].dtype != ins[2].dtype:
+        raise ShapeError(f"sparse_mm: values {ins[1]} and dense {ins[2]} differ in dtype")
+    return [ins[2].dtype]
+
+
+def _sparse_mm(indices, values, dense, *, rows, cols):
+    """Sparse (COO, coalesced) times dense matrix: the GCN propagation step."""
+    sparse = torch.sparse_coo_tensor(indices, values, (rows, cols), is_coalesced=True,
+                                     check_invariants=False)
+    return torch.sparse.mm(sparse, dense)
+
+
+define("sparse_mm", 3, MANY, _sparse_mm_shape, _sparse_mm_dtype, _sparse_mm,
+       attrs={"rows": Attr("int"), "cols": Attr("int")},
+       flops=lambda ins, outs, a: 2 * ins[1].numel * ins[2].shape[1])

@@ -1,0 +1,141 @@
+"""Reductions and normalizations (many-to-many): sum, mean, amax, any, softmax, norms."""
+from __future__ import annotations
+
+import torch
+
+from ._common import (Attr, MappingType, ShapeError, define, norm_dim, per_input_element,
+                      same_shape)
+
+MANY = MappingType.MANY_TO_MANY
+
+
+def _reduced_shape(ins, attrs):
+    shape = ins[0].shape
+    dims = {norm_dim(d, len(shape)) for d in attrs["dims"]}
+    if not dims and shape:
+        raise ShapeError("reduction over no dims: list every dim to reduce all of them")
+    if attrs["keepdim"]:
+        return [tuple(1 if i in dims else s for i, s in enumerate(shape))]
+    return [tuple(s for i, s in enumerate(shape) if i not in dims)]
+
+
+def _sum_dtype(ins, attrs):
+    dtype = ins[0].dtype
+    return [dtype if dtype.is_floating_point else torch.int64]
+
+
+def _mean_dtype(ins, attrs):
+    if not ins[0].dtype.is_floating_point:
+        raise ShapeError(f"mean needs a floating-point input, got {ins[0]}")
+    return [ins[0].dtype]
+
+
+def _dims(x, dims):
+    return list(dims) if x.dim() else []
+
+
+def _sum(x, dims, keepdim):
+    """Sum over `dims`."""
+    return torch.sum(x, _dims(x, dims), keepdim=keepdim)
+
+
+def _mean(x, dims, keepdim):
+    """Mean over `dims`."""
+    return torch.mean(x, _dims(x, dims), keepdim=keepdim)
+
+
+def _amax(x, dims, keepdim):
+    """Maximum over `dims` (values only)."""
+    return torch.amax(x, _dims(x, dims), keepdim=keepdim)
+
+
+def _amin(x, dims, keepdim):
+    """Minimum over `dims` (values only)."""
+    return torch.amin(x, _dims(x, dims), keepdim=keepdim)
+
+
+def _any(x, dims, keepdim):
+    """Logical or over `dims`."""
+    out = x.bool()
+    for d in sorted({d % max(x.dim(), 1) for d in dims}, reverse=True) if x.dim() else []:
+        out = out.any(d, keepdim=keepdim)
+    return out
+
+
+_REDUCE_ATTRS = {"dims": Attr("ints"), "keepdim": Attr("bool", False)}
+define("sum", 1, MANY, _reduced_shape, _sum_dtype, _sum, attrs=_REDUCE_ATTRS,
+       flops=per_input_element(1))
+define("mean", 1, MANY, _reduced_shape, _mean_dtype, _mean, attrs=_REDUCE_ATTRS,
+       flops=per_input_element(1))
+define("amax", 1, MANY, _reduced_shape, lambda ins, a: [ins[0].dtype], _amax,
+       attrs=_REDUCE_ATTRS, flops=per_input_element(1))
+define("amin", 1, MANY, _reduced_shape, lambda ins, a: [ins[0].dtype], _amin,
+       attrs=_REDUCE_ATTRS, flops=per_input_element(1))
+define("any", 1, MANY, _reduced_shape, lambda ins, a: [torch.bool], _any,
+       attrs=_REDUCE_ATTRS, flops=per_input_element(1))
+
+
+def _float_same(ins, attrs):
+    if not ins[0].dtype.is_floating_point:
+        raise ShapeError(f"needs a floating-point input, got {ins[0]}")
+    norm_dim(attrs.get("dim", 0), ins[0].rank)
+    return [ins[0].dtype]
+
+
+def _softmax(x, dim):
+    """Numerically stable softmax along `dim`."""
+    return torch.softmax(x, dim)
+
+
+def _log_softmax(x, dim):
+    """Numerically stable log-softmax along `dim`."""
+    return torch.log_softmax(x, dim)
+
+
+define("softmax", 1, MANY, same_shape, _float_same, _softmax, attrs={"dim": Attr("int")},
+       flops=per_input_element(5),
+       impl_out=lambda ins, a, out: torch.ops.aten._softmax.out(ins[0], a["dim"], False, out=out))
+define("log_softmax", 1, MANY, same_shape, _float_same, _log_softmax, attrs={"dim": Attr("int")},
+       flops=per_input_element(5))
+
+
+def _layer_norm_shapes(ins, attrs):
+    x, weight, bias = ins
+    normalized = tuple(attrs["normalized_shape"])
+    if tuple(x.shape[len(x.shape) - len(normalized):]) != normalized or len(normalized) > x.rank:
+        raise ShapeError(f"layer_norm: input {x} does not end in normalized_shape {list(normalized)}")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t.shape != normalized:
+            raise ShapeError(f"layer_norm: {name} {t} must have shape {list(normalized)}")
+    stats = tuple(x.shape[: x.rank - len(normalized)]) + (1,) * len(normalized)
+    return [x.shape, stats, stats]
+
+
+def _layer_norm(x, weight, bias, normalized_shape, eps):
+    """Layer normalization; also returns the mean and reciprocal std (for the backward)."""
+    return torch.ops.aten.native_layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+define("layer_norm", 3, MANY, _layer_norm_shapes, lambda ins, a: _float_same(ins, a) * 3,
+       _layer_norm, attrs={"normalized_shape": Attr("ints"), "eps": Attr("float", 1e-5)},
+       flops=per_input_element(8))
+
+
+def _batch_norm_shape(ins, attrs):
+    x = ins[0]
+    if x.rank < 2:
+        raise ShapeError(f"batch_norm needs rank >= 2, got {x}")
+    for t in ins[1:]:
+        if t.shape != (x.shape[1],):
+            raise ShapeError(f"batch_norm: per-channel input {t} must have shape [{x.shape[1]}]")
+    return [x.shape]
+
+
+def _batch_norm(x, weight, bias, mean, var, eps):
+    """Batch normalization with fixed statistics (inference)."""
+    return torch.nn.functional.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
+
+
+# With fixed statistics each output element depends on one input element: one-to-one.
+define("batch_norm", 5, MappingType.ONE_TO_ONE, _batch_norm_shape, lambda ins, a: [ins[0].dtype], _batch_norm,
+       attrs={"eps": Attr("float", 1e-5)}, flops=per_input_element(2))

@@ -1,0 +1,43 @@
+"""The benchmark models (as in EVT), built from configs with random weights; no downloads."""
+from __future__ import annotations
+
+from typing import Callable
+
+from .base import BenchmarkModel
+from .gcn import gcn
+from .transformers_models import bert, resnet50, vit
+from .xmlcnn import xmlcnn
+
+# name -> builder(small: bool) -> BenchmarkModel
+BUILDERS: dict[str, Callable[[bool], BenchmarkModel]] = {
+    "bert-base": lambda small=False: bert("base", small),
+    "bert-large": lambda small=False: bert("large", small),
+    "vit-b16": lambda small=False: vit(small),
+    "resnet50": lambda small=False: resnet50(small),
+    "xmlcnn": lambda small=False: xmlcnn(small),
+    "gcn": lambda small=False: gcn(small),
+    "gcn-dense": lambda small=False: gcn(small, dense=True),
+}
+
+# The five benchmark models of the demo (BERT-large is available but slow on 2 cores).
+BENCHMARK_SET = ("bert-base", "vit-b16", "resnet50", "xmlcnn", "gcn")
+
+
+def build(name: str, small: bool = False) -> BenchmarkModel:
+    """Build a benchmark model by name (see `BUILDERS`)."""
+    try:
+        builder = BUILDERS[name]
+    except KeyError:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(BUILDERS)}") from None
+    torch_seed()
+    return builder(small)
+
+
+def torch_seed(seed: int = 0) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+
+
+__all__ = ["BenchmarkModel", "BUILDERS", "BENCHMARK_SET", "build", "bert", "vit", "resnet50",
+           "xmlcnn", "gcn"]

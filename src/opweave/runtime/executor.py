@@ -1,0 +1,107 @@
+"""The reference executor: runs an IR graph on torch tensors through the registry.
+
+It compiles the graph once into a flat list of steps over numbered slots, so a call does
+no graph walking: per step it gathers inputs, calls the op (writing into its arena view
+when the memory plan placed it there) and drops values at their last use. Code generation
+replaces steps with kernels; the interface stays `Executor(graph)(*tensors) -> list`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from ..ir import Graph, TensorType, verify
+from .memory_plan import MemoryPlan, plan_memory
+
+
+class InputError(ValueError):
+    """Inputs that do not match the graph's declared input types."""
+
+
+class Executor:
+    def __init__(self, graph: Graph, *, use_arena: bool = True, check_inputs: bool = True):
+        verify(graph)
+        self.graph = graph
+        self.plan: MemoryPlan = plan_memory(graph)
+        self.use_arena = use_arena
+        self.check_inputs = check_inputs
+        slot = {}
+        for v in graph.inputs:
+            slot[v] = len(slot)
+        for node in graph.nodes:
+            for v in node.outputs:
+                slot[v] = len(slot)
+        self._num_slots = len(slot)
+        self._input_slots = [slot[v] for v in graph.inputs]
+        self._input_types = [v.type for v in graph.inputs]
+        self._output_slots = [slot[v] for v in graph.outputs]
+        # Outputs that are graph inputs or constants are copied: callers own what they get.
+        self._copy_outputs = [v.producer is None or v.producer.op == "constant" for v in graph.outputs]
+        self._arena: torch.Tensor | None = None
+        self._arena_layout: list[tuple[int, TensorType, int]] = []  # (slot, type, byte offset)
+        self._arena_views: dict[int, torch.Tensor] = {}
+        self._base = [None] * self._num_slots
+        self._steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
+        for i, node in enumerate(graph.nodes):
+            if node.op == "constant":
+                self._base[slot[node.outputs[0]]] = graph.constants[node.attrs["name"]]
+                continue
+            ins = [slot[v] for v in node.inputs]
+            outs = [slot[v] for v in node.outputs]
+            frees = [slot[v] for v in self.plan.frees[i]]
+            self._steps.append((self._make_call(node, outs), ins, outs, frees))
+
+    def _make_call(self, node, outs):
+        opdef, attrs = node.opdef, node.attrs
+        value = node.outputs[0]
+        if self.use_arena and value in self.plan.offsets:
+            slot = outs[0]
+            impl_out = opdef.impl_out
+
+            def call(args):
+                out = self._arena_views[slot]
+                impl_out(args, attrs, out)
+                return (out,)
+            self._arena_layout.append((slot, value.type, self.plan.offsets[value]))
+            return call
+        impl = opdef.impl
+        if len(node.outputs) == 1:
+            return lambda args: (impl(*args, **attrs),)
+        return lambda args: impl(*args, **attrs)
+
+    def _allocate_arena(self) -> None:
+        self._arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8)
+        for slot, ttype, offset in self._arena_layout:
+            raw = self._arena[offset: offset + ttype.nbytes]
+            self._arena_views[slot] = raw.view(ttype.dtype).view(ttype.shape)
+
+    def _check(self, inputs: Sequence[torch.Tensor]) -> None:
+        if len(inputs) != len(self._input_types):
+            raise InputError(f"graph @{self.graph.name} takes {len(self._input_types)} inputs, "
+                             f"got {len(inputs)}")
+        for i, (t, want) in enumerate(zip(inputs, self._input_types)):
+            if not isinstance(t, torch.Tensor):
+                raise InputError(f"input {i} (%{self.graph.inputs[i].name}) must be a tensor, "
+                                 f"got {type(t).__name__}")
+            if tuple(t.shape) != want.shape or t.dtype != want.dtype:
+                raise InputError(f"input {i} (%{self.graph.inputs[i].name}) has shape "
+                                 f"{list(t.shape)} and dtype {t.dtype}, expected {want}")
+
+    def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        if self.check_inputs:
+            self._check(inputs)
+        if self._arena is None and self.plan.offsets and self.use_arena:
+            self._allocate_arena()
+        env = list(self._base)
+        for slot, t in zip(self._input_slots, inputs):
+            env[slot] = t
+        for call, ins, outs, frees in self._steps:
+            results = call([env[i] for i in ins])
+            for slot, r in zip(outs, results):
+                env[slot] = r
+            for slot in frees:
+                env[slot] = None
+        return [env[s].clone() if copy else env[s]
+                for s, copy in zip(self._output_slots, self._copy_outputs)]
+
