@@ -61,6 +61,8 @@ def _clamp(x, min, max):
 
 
 def _clamp_dtype(ins, attrs):
+    if attrs["min"] is None and attrs["max"] is None:
+        raise ShapeError("clamp needs a min or a max")
     return [torch.clamp(meta(ins[0]), attrs["min"], attrs["max"]).dtype]
 
 

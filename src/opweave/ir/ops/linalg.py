@@ -88,7 +88,8 @@ def _conv_backward(grad, x, weight, *, stride, padding, dilation, groups, output
     outs = torch.ops.aten.convolution_backward(
         grad, x, weight, [weight.shape[0]], stride, padding, dilation, False,
         [0] * len(stride), groups, [bool(m) for m in output_mask])
-    return [o for o, keep in zip(outs, output_mask) if keep]
+    kept = [o for o, keep in zip(outs, output_mask) if keep]
+    return kept[0] if len(kept) == 1 else tuple(kept)
 
 
 define("conv_backward", 3, MANY, _conv_backward_shape,

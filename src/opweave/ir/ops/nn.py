@@ -86,7 +86,8 @@ define("adaptive_max_pool2d_backward", 3, MANY, lambda ins, a: [ins[1].shape],
 
 def _dropout(x, *, p):
     """Dropout in training mode: the output and the keep-mask. Draws from torch's RNG."""
-    return torch.ops.aten.native_dropout(x, p, True)
+    out, mask = torch.ops.aten.native_dropout(x, p, True)
+    return out, mask.bool()  # aten returns a float mask for empty inputs
 
 
 def _dropout_dtype(ins, attrs):
