@@ -367,6 +367,13 @@ def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
     return [out, None, None]
 
 
+@lowers(aten.native_batch_norm.default)
+def _native_batch_norm(ctx, x, weight, bias, mean, var, training, momentum, eps):
+    if training:
+        raise Unsupported("batch norm in training mode (batch statistics)")
+    return _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps)
+
+
 # -- contractions ------------------------------------------------------------------------------
 @lowers(aten.mm.default, aten.bmm.default, aten.matmul.default)
 def _mm(ctx, a, b):

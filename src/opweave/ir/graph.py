@@ -48,7 +48,7 @@ class Node:
 
 class Graph:
     def __init__(self, name: str = "main"):
-        self.name = name
+        self.name = _NAME_OK.sub("_", name) or "main"
         self.inputs: list[Value] = []
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []

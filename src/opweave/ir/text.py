@@ -237,7 +237,7 @@ def _parse_node(cur: _Cursor, graph: Graph, values: dict[str, Value]) -> None:
     try:
         node_outs = graph.add(op, inputs, attrs, types=[t for _, t in outs], source=source)
     except (KeyError, ValueError) as err:
-        cur.fail(str(err).strip("'\""))
+        cur.fail(str(err.args[0]) if err.args else type(err).__name__)
     for (oname, _), value in zip(outs, node_outs):
         if oname in values:
             cur.fail(f"value %{oname} is defined twice")

@@ -1,9 +1,13 @@
 """The reference executor: runs an IR graph on torch tensors through the registry.
 
 It compiles the graph once into a flat list of steps over numbered slots, so a call does
-no graph walking: per step it gathers inputs, calls the op (writing into its arena view
-when the memory plan placed it there) and drops values at their last use. Code generation
-replaces steps with kernels; the interface stays `Executor(graph)(*tensors) -> list`.
+no graph walking: per step it gathers inputs, calls the op and drops every value at its
+last use (the memory plan's liveness), so peak memory stays at or below eager's.
+With `use_arena=True`, ops that can write into a preallocated tensor write into the
+plan's arena instead; that arena is held between calls, and until most kernels can write
+into planned buffers it costs more peak memory than it saves (see docs/architecture.md).
+Code generation replaces steps with kernels; the interface stays
+`Executor(graph)(*tensors) -> list[Tensor]`.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ class InputError(ValueError):
 
 
 class Executor:
-    def __init__(self, graph: Graph, *, use_arena: bool = True, check_inputs: bool = True):
+    def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True):
         verify(graph)
         self.graph = graph
         self.plan: MemoryPlan = plan_memory(graph)

@@ -1,0 +1,37 @@
+"""Shared fixtures: the small variants of the benchmark models, built once per session."""
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from opweave import models
+
+MODEL_NAMES = ("bert-base", "vit-b16", "resnet50", "xmlcnn", "gcn", "gcn-dense")
+
+
+@functools.lru_cache(maxsize=None)
+def small_model(name: str) -> models.BenchmarkModel:
+    return models.build(name, small=True)
+
+
+@functools.lru_cache(maxsize=None)
+def compiled_small(name: str):
+    import warnings
+
+    import opweave
+    from opweave.frontends.program import OpweaveFallbackWarning
+
+    bench = small_model(name)
+    with warnings.catch_warnings():
+        # a fallback (or a capture other than export) in a benchmark model is a failure
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        return opweave.compile(bench.module.eval(), bench.inputs, name=name)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()

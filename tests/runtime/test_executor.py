@@ -1,0 +1,112 @@
+"""The executor and its memory plan: liveness, arena packing, outputs, input checks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opweave.ir import Graph, TensorType
+from opweave.runtime import Executor, InputError, plan_memory
+from opweave.runtime.memory_stats import peak_allocated_bytes
+
+from ..conftest import MODEL_NAMES, compiled_small, small_model
+
+
+def _chain(n=6, size=256):
+    g = Graph("chain")
+    x = g.add_input("x", TensorType((size, size), torch.float32))
+    v = x
+    for i in range(n):
+        v = g.add1("exp" if i % 2 else "neg", [v])
+    g.outputs = [g.add1("sum", [v], {"dims": [0, 1]})]
+    return g
+
+
+def test_liveness_frees_each_value_after_its_last_use():
+    g = _chain()
+    plan = plan_memory(g)
+    for i, node in enumerate(g.nodes[:-1]):
+        assert plan.frees[i + 1] == [node.outputs[0]]  # read by the next node only
+
+
+def test_arena_reuses_bytes_of_dead_values():
+    g = _chain(n=6)
+    plan = plan_memory(g)
+    one = 256 * 256 * 4
+    assert len(plan.offsets) == 6
+    assert plan.arena_bytes == 2 * one  # a chain needs two buffers, ping-pong
+    x = torch.randn(256, 256)
+    ref = x
+    for i in range(6):
+        ref = ref.exp() if i % 2 else ref.neg()
+    for use_arena in (False, True):
+        torch.testing.assert_close(Executor(g, use_arena=use_arena)(x)[0], ref.sum())
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_arena_never_overlaps_live_values(name):
+    (graph,) = compiled_small(name).graphs
+    plan = plan_memory(graph)
+    index = {v: i for i, n in enumerate(graph.nodes) for v in n.outputs}
+    placed = [(plan.offsets[v], plan.offsets[v] + v.type.nbytes, index[v], v) for v in plan.offsets]
+    # a value's lifetime ends at the last use of it or of any view of it
+    ends = {}
+    for v in plan.offsets:
+        ends[v] = max([plan.last_use[u] for u in _aliases(graph, v)] + [index[v]])
+    for a0, a1, born_a, va in placed:
+        for b0, b1, born_b, vb in placed:
+            if va is vb or a1 <= b0 or b1 <= a0:
+                continue
+            assert ends[va] < born_b or ends[vb] < born_a, f"{va} and {vb} overlap in time and bytes"
+    assert not set(plan.offsets) & set(graph.outputs)
+
+
+def _aliases(graph, value):
+    out, frontier = {value}, [value]
+    while frontier:
+        v = frontier.pop()
+        for n in graph.nodes:
+            if n.opdef.is_view and n.inputs and n.inputs[0] is v:
+                out.add(n.outputs[0])
+                frontier.append(n.outputs[0])
+    return out
+
+
+@pytest.mark.parametrize("use_arena", [False, True])
+def test_outputs_stay_valid_across_calls(use_arena):
+    g = _chain(n=3, size=16)
+    g.outputs.insert(0, g.nodes[1].outputs[0])  # an intermediate that is also an output
+    ex = Executor(g, use_arena=use_arena)
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    first = [t.clone() for t in ex(a)]
+    kept = ex(a)
+    ex(b)
+    for f, k in zip(first, kept):
+        torch.testing.assert_close(f, k)
+
+
+def test_inputs_returned_as_outputs_are_copies():
+    g = Graph("id")
+    x = g.add_input("x", TensorType((3,), torch.float32))
+    g.outputs = [x]
+    t = torch.randn(3)
+    (out,) = Executor(g)(t)
+    assert torch.equal(out, t) and out.data_ptr() != t.data_ptr()
+
+
+def test_input_mismatch_is_a_clear_error():
+    ex = Executor(_chain(size=4))
+    with pytest.raises(InputError, match=r"input 0 \(%x\) has shape \[4, 5\] and dtype torch.float32, expected f32\[4,4\]"):
+        ex(torch.randn(4, 5))
+    with pytest.raises(InputError, match=r"takes 1 inputs, got 2"):
+        ex(torch.randn(4, 4), torch.randn(4, 4))
+
+
+@pytest.mark.parametrize("name", ["bert-base", "resnet50", "xmlcnn"])
+def test_peak_memory_does_not_exceed_eager(name):
+    bench, compiled = small_model(name), compiled_small(name)
+    with torch.no_grad():
+        compiled(*bench.inputs)  # warm
+        eager = peak_allocated_bytes(lambda: bench.module(*bench.inputs))
+        ours = peak_allocated_bytes(lambda: compiled(*bench.inputs))
+    assert eager > 0
+    assert ours <= eager, f"opweave peak {ours} B > eager {eager} B"
