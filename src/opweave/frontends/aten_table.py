@@ -438,6 +438,39 @@ def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dil
     return [next(outs) if m else None for m in mask]
 
 
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                     scale=None):
+    """Attention in its math form; also the logsumexp of the scores, which the fused
+    backward reads (so a backward that falls back to eager still gets what it expects)."""
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    if dropout_p != 0.0:
+        raise Unsupported("attention dropout")
+    if q.type.rank != 4 or q.type.shape[1] != k.type.shape[1]:
+        raise Unsupported("attention other than [batch, heads, seq, dim] with equal head counts")
+    length, source = q.type.shape[2], k.type.shape[2]
+    scale = scale if scale is not None else q.type.shape[-1] ** -0.5
+    kt = ctx.add1("permute", [k], {"dims": [0, 1, 3, 2]})
+    scores = ctx.add1("mul", [ctx.add1("matmul", [q, kt]), ctx.scalar(scale, q)])
+    if is_causal:
+        causal = torch.ones(length, source, dtype=torch.bool).tril(source - length)
+        keep = ctx.graph.add_constant("causal_mask", causal)
+        scores = ctx.add1("where", [keep, scores, ctx.scalar(float("-inf"), scores)])
+    if attn_mask is not None:
+        mask = ctx.value(attn_mask)
+        if mask.type.dtype == torch.bool:
+            scores = ctx.add1("where", [mask, scores, ctx.scalar(float("-inf"), scores)])
+        else:
+            scores = ctx.add1("add", [scores, mask])
+    peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
+    shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
+    total = ctx.add1("sum", [shifted], {"dims": [3], "keepdim": True})
+    probs = ctx.add1("div", [shifted, total])
+    out = ctx.add1("matmul", [probs, v])
+    logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
+    return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+
+
 # -- pooling, dropout, indexing ------------------------------------------------------------------
 def _uses_output(index: int, node) -> bool:
     return any(u.target is operator.getitem and u.args[1] == index for u in node.users)

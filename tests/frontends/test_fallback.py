@@ -1,0 +1,83 @@
+"""Ops opweave lacks run in eager, the rest in opweave, with one clear warning."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import opweave
+from opweave.frontends.program import OpweaveFallbackWarning
+
+
+class WithCumsum(torch.nn.Module):
+    """cumsum has no IR op: it must fall back, between two supported regions."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = torch.relu(self.linear(x))
+        z = torch.cumsum(y, dim=1) + torch.cumsum(y * 2, dim=1)
+        return torch.tanh(z) @ self.linear.weight
+
+
+def _fallback_warnings(record):
+    return [w for w in record if issubclass(w.category, OpweaveFallbackWarning)]
+
+
+def test_opweave_compile_splits_around_unsupported_op_and_warns_once():
+    model, x = WithCumsum().eval(), torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(model, (x,))
+        first = compiled(x)
+        compiled(x)
+        opweave.compile(model, (x,))  # same model again: no second warning
+    torch.testing.assert_close(first, model(x))
+    found = _fallback_warnings(record)
+    assert len(found) == 1
+    assert "aten.cumsum.default x2 (no lowering)" in str(found[0].message)
+    cov = compiled.coverage
+    assert cov.fallback == {"aten.cumsum.default": 2}
+    assert 0 < cov.share < 1
+    assert cov.segments == 2  # before and after the eager cumsums
+
+
+def test_torch_compile_backend_falls_back_too():
+    model, x = WithCumsum(), torch.randn(4, 8, requires_grad=True)
+    compiled = torch.compile(model, backend="opweave")
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        out = compiled(x)
+        out.sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    model(x).sum().backward()
+    torch.testing.assert_close(out, model(x))
+    torch.testing.assert_close(grad, x.grad)
+
+
+def test_uncapturable_model_runs_in_eager_with_a_warning():
+    class DataDependent(torch.nn.Module):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: neither capture can take it
+                return x * 2
+            return x - 1
+
+    model, x = DataDependent(), torch.ones(3)
+    with pytest.warns(OpweaveFallbackWarning, match="could not capture DataDependent"):
+        compiled = opweave.compile(model, (x,))
+    assert compiled.capture == "eager"
+    torch.testing.assert_close(compiled(x), model(x))
+    torch.testing.assert_close(compiled(-x), model(-x))
+
+
+def test_explain_reports_coverage_fallbacks_and_graph_breaks():
+    report = opweave.explain(WithCumsum().eval(), (torch.randn(4, 8),))
+    assert report.coverage.fallback == {"aten.cumsum.default": 2}
+    assert report.graph_breaks == 0
+    assert report.ir_ops["matmul"] == 2
+    text = str(report)
+    assert "aten.cumsum.default x2" in text and "graph breaks under torch.compile: 0" in text
