@@ -83,3 +83,10 @@ def test_training_mode_step_runs_and_learns():
     module.eval()
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < losses[0]
+
+
+def test_sparse_gcn_and_adaptive_pooling_are_native_ir_ops():
+    (gcn,) = compiled_small("gcn").graphs
+    assert gcn.op_counts().get("sparse_mm") == 2 and "matmul" in gcn.op_counts()
+    (xml,) = compiled_small("xmlcnn").graphs
+    assert xml.op_counts().get("adaptive_max_pool2d") == 3

@@ -1,0 +1,30 @@
+"""The `opweave` command."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from opweave.cli import main
+
+
+def test_explain_prints_coverage_and_ir(capsys):
+    assert main(["explain", "xmlcnn", "--small", "--ir"]) == 0
+    out = capsys.readouterr().out
+    assert "model xmlcnn: captured with export" in out
+    assert "run by opweave: 27 (100.0%), in eager: 0" in out
+    assert "adaptive_max_pool2d" in out and "fallbacks: none" in out
+    assert "graph breaks under torch.compile: 0" in out
+    assert "graph @xmlcnn_0(" in out  # the IR itself
+
+
+def test_demo_on_small_models_reports_every_model(capsys):
+    assert main(["demo", "--small", "--runs", "2", "gcn", "resnet50"]) == 0
+    out = capsys.readouterr().out
+    assert "gcn " in out and "resnet50 " in out
+    assert "All outputs within" in out
+
+
+def test_console_script_is_installed():
+    result = subprocess.run([sys.executable, "-m", "opweave.cli", "explain", "nope"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
