@@ -59,7 +59,10 @@ def test_torch_compile_backend_matches_eager_gradients(name):
     expected = grads(loss_module)
     before = len(torch_dynamo.compiled_graphs)
     got = grads(torch.compile(loss_module, backend="opweave"))
-    assert len(torch_dynamo.compiled_graphs) - before >= 2, "expected forward and backward graphs"
+    programs = torch_dynamo.compiled_graphs[before:]
+    assert len(programs) >= 2, "expected forward and backward graphs"
+    fallbacks = [dict(p.coverage.fallback) for p in programs if p.coverage.fallback]
+    assert not fallbacks, f"training graphs fell back to eager: {fallbacks}"
     for g, e in zip(got, expected):
         if e is None:
             assert g is None

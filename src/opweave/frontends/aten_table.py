@@ -444,6 +444,18 @@ def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, 
     """Attention in its math form; also the logsumexp of the scores, which the fused
     backward reads (so a backward that falls back to eager still gets what it expects)."""
     q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
+    peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
+    shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
+    total = ctx.add1("sum", [shifted], {"dims": [3], "keepdim": True})
+    probs = ctx.add1("div", [shifted, total])
+    out = ctx.add1("matmul", [probs, v])
+    logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
+    return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+
+
+def _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale):
+    """scale * q @ k^T with the causal and explicit masks applied (masked = -inf)."""
     if dropout_p != 0.0:
         raise Unsupported("attention dropout")
     if q.type.rank != 4 or q.type.shape[1] != k.type.shape[1]:
@@ -462,13 +474,29 @@ def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, 
             scores = ctx.add1("where", [mask, scores, ctx.scalar(float("-inf"), scores)])
         else:
             scores = ctx.add1("add", [scores, mask])
-    peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
-    shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
-    total = ctx.add1("sum", [shifted], {"dims": [3], "keepdim": True})
-    probs = ctx.add1("div", [shifted, total])
-    out = ctx.add1("matmul", [probs, v])
-    logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
-    return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+    return scale, scores
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _flash_attention_backward(ctx, grad_out, query, key, value, out, logsumexp, dropout_p,
+                              is_causal, *, attn_mask=None, scale=None):
+    """The attention backward in math form, recomputing probabilities from the logsumexp:
+    P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = s dS K;
+    dK = s dS^T Q."""
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    d_out, o, lse = ctx.value(grad_out), ctx.value(out), ctx.value(logsumexp)
+    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
+    lse = reshape(ctx, lse, _shape(lse) + [1])
+    probs = ctx.add1("exp", [ctx.add1("sub", [scores, lse])])
+    t = {"dims": [0, 1, 3, 2]}
+    grad_v = ctx.add1("matmul", [ctx.add1("permute", [probs], t), d_out])
+    d_probs = ctx.add1("matmul", [d_out, ctx.add1("permute", [v], t)])
+    row = ctx.add1("sum", [ctx.add1("mul", [d_out, o])], {"dims": [3], "keepdim": True})
+    d_scores = ctx.add1("mul", [probs, ctx.add1("sub", [d_probs, row])])
+    s = ctx.scalar(scale, q)
+    grad_q = ctx.add1("mul", [ctx.add1("matmul", [d_scores, k]), s])
+    grad_k = ctx.add1("mul", [ctx.add1("matmul", [ctx.add1("permute", [d_scores], t), q]), s])
+    return [grad_q, grad_k, grad_v]
 
 
 # -- pooling, dropout, indexing ------------------------------------------------------------------
@@ -540,9 +568,13 @@ def _index_select(ctx, x, dim, index):
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
+    """x[..., idx, ...] with one integer index tensor (any rank) at one dim."""
     v = ctx.value(x)
     dim, index = _single_index(ctx, indices)
-    return ctx.add1("index_select", [v, index], {"dim": dim})
+    flat = reshape(ctx, index, [index.type.numel])
+    picked = ctx.add1("index_select", [v, flat], {"dim": dim})
+    shape = _shape(v)
+    return reshape(ctx, picked, shape[:dim] + _shape(index) + shape[dim + 1:])
 
 
 def _single_index(ctx, indices):
@@ -551,17 +583,26 @@ def _single_index(ctx, indices):
         raise Unsupported("advanced indexing with more than one index tensor")
     dim, node = present[0]
     index = ctx.value(node)
-    if index.type.rank != 1 or index.type.dtype not in (torch.int64, torch.int32):
-        raise Unsupported("advanced indexing other than by one rank-1 integer index")
+    if index.type.dtype not in (torch.int64, torch.int32):
+        raise Unsupported("advanced indexing other than by an integer index")
     return dim, index
 
 
 @lowers(aten.index_put.default)
 def _index_put(ctx, x, indices, values, accumulate=False):
+    """x[idx] = values (or +=) with one integer index tensor on dim 0: embedding backward."""
     dim, index = _single_index(ctx, indices)
     if dim != 0:
         raise Unsupported("index_put along a dim other than 0")
-    return ctx.add1("index_put", [ctx.value(x), index, ctx.value(values)], {"accumulate": accumulate})
+    v = ctx.value(x)
+    count = index.type.numel
+    rows = _shape(index) + _shape(v)[1:]
+    vals = ctx.value(values)
+    if _shape(vals) != rows:
+        vals = ctx.add1("expand", [vals], {"shape": rows})
+    vals = reshape(ctx, vals, [count] + _shape(v)[1:])
+    flat = reshape(ctx, index, [count])
+    return ctx.add1("index_put", [v, flat, vals], {"accumulate": accumulate})
 
 
 @lowers(aten.gather.default)

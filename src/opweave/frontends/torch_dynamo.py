@@ -24,9 +24,10 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs):
     program.warn_fallbacks()
     compiled_graphs.append(program)
 
-    def run(*args):
+    def run(args: list):  # AOTAutograd's boxed convention: one list of arguments
         return program(*args)
 
+    run._boxed_call = True
     return run
 
 
