@@ -10,7 +10,7 @@ import operator
 
 import torch
 
-from .lowering import LoweringContext, Unsupported, fx_value, lowers
+from .lowering import Unsupported, lowers
 
 aten = torch.ops.aten
 MAX_INDEX = 2**63 - 1
@@ -619,16 +619,3 @@ def _scatter(ctx, x, dim, index, src):
     else:
         s = ctx.add1("full", [], {"shape": _shape(idx), "value": src, "dtype": v.type.dtype})
     return ctx.add1("scatter", [v, idx, s], {"dim": dim % v.type.rank})
-
-
-def check_example(node) -> None:
-    """Raise Unsupported when the node's example value is not something the IR carries."""
-    from .lowering import tensor_type
-
-    value = fx_value(node)
-    for item in value if isinstance(value, (list, tuple)) else [value]:
-        if item is not None and isinstance(item, torch.Tensor):
-            tensor_type(item)
-
-
-__all__ = ["LoweringContext", "reshape", "check_example"]

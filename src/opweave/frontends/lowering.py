@@ -106,13 +106,6 @@ class LoweringContext:
             self._scalars[key] = self.graph.add_constant(f"scalar_{dtypes.name_of(dtype)}", data)
         return self._scalars[key]
 
-    def tensor_or_scalar(self, a, like: Value | None = None) -> Value:
-        if isinstance(a, fx.Node):
-            return self.value(a)
-        if isinstance(a, (bool, int, float)):
-            return self.scalar(a, like)
-        raise Unsupported(f"expected a tensor or a number, got {type(a).__name__}")
-
     def add(self, op: str, inputs, attrs=None) -> list[Value]:
         return self.graph.add(op, inputs, attrs, name=self._hint(), source=self._source())
 

@@ -46,13 +46,6 @@ class Coverage:
     def share(self) -> float:
         return sum(self.supported.values()) / self.total if self.total else 1.0
 
-    def merge(self, other: "Coverage") -> None:
-        self.supported.update(other.supported)
-        self.fallback.update(other.fallback)
-        self.reasons.update(other.reasons)
-        self.segments += other.segments
-        self.ir_nodes += other.ir_nodes
-
     def fallback_message(self) -> str:
         listed = ", ".join(f"{op} x{n} ({self.reasons.get(op, '')})" for op, n in
                            self.fallback.most_common())
@@ -141,9 +134,10 @@ class CompiledProgram:
                 self.steps[-1].nodes.append(node)
             else:
                 self.steps.append(node)
-                name_ = op_name(node)
-                self.coverage.fallback[name_] += 1
-                self.coverage.reasons.setdefault(name_, reasons.get(node, ""))
+                if node.target is not operator.getitem:  # tuple access, not an op
+                    name_ = op_name(node)
+                    self.coverage.fallback[name_] += 1
+                    self.coverage.reasons.setdefault(name_, reasons.get(node, ""))
         self.output_node = next(n for n in graph.nodes if n.op == "output")
         self._build_segments(verify_each)
         self._plan_frees()
@@ -173,7 +167,6 @@ class CompiledProgram:
                 supported.add(node)
                 trial[node] = result
                 self.coverage.supported[op_name(node)] += 1
-        # getitem is bookkeeping, not an op: count it with nothing.
         return supported, reasons
 
     # -- segments --------------------------------------------------------------------------

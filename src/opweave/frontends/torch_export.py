@@ -8,7 +8,7 @@ too, the model runs in eager PyTorch and opweave says so once.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 import torch.fx as fx
@@ -93,7 +93,3 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     message = f"opweave could not capture {name}; it runs in eager PyTorch ({'; '.join(errors)})"
     warnings.warn(message, OpweaveFallbackWarning, stacklevel=2)
     return CompiledModel(model, None, "eager", capture_error="; ".join(errors))
-
-
-def _flat(outputs) -> list[Any]:
-    return pytree.tree_flatten(outputs)[0]

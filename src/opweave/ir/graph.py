@@ -103,15 +103,6 @@ class Graph:
                          name=name, source=source)
 
     # -- queries --------------------------------------------------------------------------
-    def users(self) -> dict[Value, list[Node]]:
-        out: dict[Value, list[Node]] = {v: [] for v in self.inputs}
-        for node in self.nodes:
-            for v in node.outputs:
-                out.setdefault(v, [])
-            for v in node.inputs:
-                out.setdefault(v, []).append(node)
-        return out
-
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for node in self.nodes:
@@ -127,11 +118,6 @@ class Graph:
         return total
 
     # -- editing --------------------------------------------------------------------------
-    def replace_uses(self, old: Value, new: Value) -> None:
-        for node in self.nodes:
-            node.inputs = [new if v is old else v for v in node.inputs]
-        self.outputs = [new if v is old else v for v in self.outputs]
-
     def remove_dead(self) -> int:
         """Drop nodes whose outputs nobody uses (random ops too: their values are unused),
         and constants no node reads. Returns how many nodes went."""

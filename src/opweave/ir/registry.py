@@ -7,7 +7,7 @@ ops from here; nothing else in opweave knows op semantics.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
@@ -96,7 +96,6 @@ class OpDef:
     impl_out: Callable[..., None] | None = None
     # Random ops (dropout) must not be deduplicated or constant-folded.
     is_random: bool = False
-    tags: frozenset[str] = field(default_factory=frozenset)
 
     def full_attrs(self, attrs: dict) -> dict:
         """The attributes with defaults filled in; raises on unknown or missing ones."""
@@ -124,10 +123,6 @@ class OpDef:
     def cost(self, inputs: Sequence[TensorType], outputs: Sequence[TensorType], attrs: dict) -> Cost:
         moved = 0 if self.is_view else default_bytes(inputs, outputs, attrs)
         return Cost(int(self.flops(inputs, outputs, attrs)), moved)
-
-    def run(self, inputs: Sequence[torch.Tensor], attrs: dict) -> list[torch.Tensor]:
-        result = self.impl(*inputs, **attrs)
-        return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
 _REGISTRY: dict[str, OpDef] = {}

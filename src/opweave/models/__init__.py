@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch
+
 from .base import BenchmarkModel
 from .gcn import gcn
 from .transformers_models import bert, resnet50, vit
@@ -29,14 +31,8 @@ def build(name: str, small: bool = False) -> BenchmarkModel:
         builder = BUILDERS[name]
     except KeyError:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(BUILDERS)}") from None
-    torch_seed()
+    torch.manual_seed(0)  # the same random weights and inputs on every build
     return builder(small)
-
-
-def torch_seed(seed: int = 0) -> None:
-    import torch
-
-    torch.manual_seed(seed)
 
 
 __all__ = ["BenchmarkModel", "BUILDERS", "BENCHMARK_SET", "build", "bert", "vit", "resnet50",

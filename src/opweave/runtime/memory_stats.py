@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Callable
 
-import torch
 from torch.profiler import ProfilerActivity, profile
 
 
