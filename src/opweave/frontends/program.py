@@ -211,6 +211,9 @@ class CompiledProgram:
         """After each step, which FX values nobody later needs (dropped to free memory)."""
         slot = {n: i for i, n in enumerate(self.gm.graph.nodes)}
         self._slot = slot
+        self._base_env: list[Any] = [None] * len(slot)  # constants bound once
+        for node, value in self.constants.items():
+            self._base_env[slot[node]] = value
         last: dict[fx.Node, int] = {}
         for i, step in enumerate(self.steps):
             used = step.inputs if isinstance(step, _Segment) else step.all_input_nodes
@@ -224,10 +227,8 @@ class CompiledProgram:
 
     # -- running ---------------------------------------------------------------------------
     def __call__(self, *args):
-        env: list[Any] = [None] * len(self._slot)
+        env = list(self._base_env)
         for node, value in zip(self.placeholders, args):
-            env[self._slot[node]] = value
-        for node, value in self.constants.items():
             env[self._slot[node]] = value
         for step, frees in zip(self.steps, self._frees):
             if isinstance(step, _Segment):

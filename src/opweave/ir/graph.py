@@ -65,6 +65,14 @@ class Graph:
         self._names.add(name)
         return name
 
+    def rename(self, value: Value, name: str) -> None:
+        """Give `value` an exact name (the parsers restore names this way)."""
+        if name != value.name and name in self._names:
+            raise ValueError(f"value %{name} is defined twice")
+        self._names.discard(value.name)
+        value.name = name
+        self._names.add(name)
+
     def add_input(self, name: str, type: TensorType) -> Value:
         value = Value(self.fresh_name(name), type)
         self.inputs.append(value)

@@ -87,9 +87,7 @@ def from_dict(data: dict, constants: dict[str, torch.Tensor] | None = None) -> G
                          types=[_type_from(o) for o in item["outputs"]],
                          source=item.get("source", ""))
         for spec, value in zip(item["outputs"], outs):
-            graph._names.discard(value.name)
-            value.name = spec["name"]
-            graph._names.add(value.name)
+            graph.rename(value, spec["name"])
             values[value.name] = value
     graph.outputs = [lookup(n, "graph outputs") for n in data["outputs"]]
     graph.constants.update(constants or {})

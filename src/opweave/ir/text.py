@@ -241,7 +241,5 @@ def _parse_node(cur: _Cursor, graph: Graph, values: dict[str, Value]) -> None:
     for (oname, _), value in zip(outs, node_outs):
         if oname in values:
             cur.fail(f"value %{oname} is defined twice")
-        graph._names.discard(value.name)
-        value.name = oname
-        graph._names.add(oname)
+        graph.rename(value, oname)
         values[oname] = value

@@ -34,7 +34,7 @@ def _align(n: int) -> int:
 
 
 def plan_memory(graph: Graph) -> MemoryPlan:
-    steps = [n for n in graph.nodes]
+    steps = graph.nodes
     base: dict[Value, Value] = {}          # value -> the value owning its bytes
     born: dict[Value, int] = {}
     last: dict[Value, int] = {}

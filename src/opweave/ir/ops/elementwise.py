@@ -100,15 +100,11 @@ def _div(a, b, rounding):
     return torch.div(a, b, rounding_mode=None if rounding == "none" else rounding)
 
 
-def _pow_dtype(ins, attrs):
-    return [result_type(*ins)]
-
-
 _BINARY = {
     "add": (torch.add, _arith_dtype),
     "sub": (torch.sub, _arith_dtype),
     "mul": (torch.mul, _arith_dtype),
-    "pow": (torch.pow, _pow_dtype),
+    "pow": (torch.pow, _arith_dtype),
     "maximum": (torch.maximum, _arith_dtype),
     "minimum": (torch.minimum, _arith_dtype),
     "eq": (torch.eq, fixed_dtype(torch.bool)),
