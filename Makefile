@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+BENCH_STAMP := $(VENV)/.installed-bench
+
+.PHONY: demo test bench install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,6 +18,14 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/opweave demo
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e ".[test,bench]"
+	touch $(BENCH_STAMP)
+
+# every backend on the five models; ARGS passes options, e.g. make bench ARGS="--mode train"
+bench: $(BENCH_STAMP)
+	$(VENV)/bin/opweave bench $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=10

@@ -33,6 +33,41 @@ def _demo(args) -> int:
     return 0 if all(r["max_abs_diff"] <= TOLERANCE for r in rows) else 1
 
 
+def _bench(args) -> int:
+    from pathlib import Path
+
+    from tqdm import tqdm
+
+    from .bench import harness, report
+
+    backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
+                                 else harness.DEFAULT_BACKENDS)
+    config = harness.BenchConfig(models=args.models, backends=backends, mode=args.mode,
+                                 batch=args.batch, runs=args.runs, warmup=args.warmup,
+                                 threads=args.threads, small=args.small,
+                                 log_dir=str(Path(args.out) / "logs"))
+    total = len(config.models) * harness.steps_per_model(config)
+    with tqdm(total=total, disable=args.no_progress or None, leave=False,
+              unit="step", dynamic_ncols=True) as progress:
+        result = harness.run(config, progress)
+    print(report.terminal(result))
+    paths = report.write_all(result, Path(args.out))
+    print("\nwrote " + ", ".join(str(p) for p in paths.values()))
+    failures = [m.model for m in result.models if not _opweave_sound(m, config)]
+    if failures:
+        print(f"opweave failed or differs from eager on: {', '.join(failures)}")
+    return 1 if failures else 0
+
+
+def _opweave_sound(model, config) -> bool:
+    from .bench.harness import TOLERANCE
+
+    entry = model.backends.get("opweave")
+    if entry is None:
+        return True
+    return entry.ok and (entry.max_abs_diff or 0.0) <= TOLERANCE[config.mode]
+
+
 def main(argv=None) -> int:
     from . import models
 
@@ -50,11 +85,35 @@ def main(argv=None) -> int:
     p.add_argument("--small", action="store_true")
     p.add_argument("--runs", type=int, default=10)
     p.set_defaults(func=_demo)
+    _add_bench_parser(sub, models)
     args = parser.parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+
+
+def _add_bench_parser(sub, models) -> None:
+    import os
+
+    from .bench.backends import BACKENDS
+
+    p = sub.add_parser("bench", help="measure opweave against eager, Inductor, ONNX Runtime, TVM")
+    p.add_argument("--models", nargs="+", choices=sorted(models.BUILDERS),
+                   default=list(models.BENCHMARK_SET))
+    p.add_argument("--backends", nargs="+", choices=BACKENDS, default=None,
+                   help="default: all (inference) or eager, inductor, opweave (training); "
+                        "eager is always measured as the reference")
+    p.add_argument("--mode", choices=("infer", "train"), default="infer")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--runs", type=int, default=10, help="timed rounds (one call per backend)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                   help="threads for every backend (default: all cores)")
+    p.add_argument("--small", action="store_true", help="small model variants (quick check)")
+    p.add_argument("--out", default="bench-results", help="directory for JSON, markdown, PNG")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_bench)
 
 
 if __name__ == "__main__":

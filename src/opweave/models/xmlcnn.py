@@ -3,8 +3,14 @@
 Word embeddings (300-d), 1-D convolutions of widths 2, 4 and 8 with 32 filters each,
 dynamic max pooling (adaptive max pooling into `chunks` pieces per filter), a 512-wide
 bottleneck and one logit per label, trained with binary cross-entropy.
+
+Neither torch ONNX exporter handles adaptive max pooling, so `pooling="gather"` computes
+the same pooling as a gather of each chunk's positions followed by a max; the ONNX-based
+peers run that formulation (same weights, identical outputs).
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.nn.functional as F
@@ -14,8 +20,11 @@ from .base import BenchmarkModel
 
 class XMLCNN(torch.nn.Module):
     def __init__(self, vocab=30000, embed_dim=300, widths=(2, 4, 8), filters=32,
-                 chunks=8, bottleneck=512, labels=4000):
+                 chunks=8, bottleneck=512, labels=4000, pooling="adaptive"):
         super().__init__()
+        if pooling not in ("adaptive", "gather"):
+            raise ValueError(f"pooling must be 'adaptive' or 'gather', not {pooling!r}")
+        self.pooling = pooling
         self.embedding = torch.nn.Embedding(vocab, embed_dim)
         self.convs = torch.nn.ModuleList(
             torch.nn.Conv1d(embed_dim, filters, w) for w in widths)
@@ -26,10 +35,35 @@ class XMLCNN(torch.nn.Module):
 
     def forward(self, tokens):
         x = self.embedding(tokens).transpose(1, 2)  # [batch, embed, seq]
-        pooled = [F.adaptive_max_pool1d(F.relu(conv(x)), self.chunks).flatten(1)
-                  for conv in self.convs]
+        pooled = [self._pool(F.relu(conv(x))).flatten(1) for conv in self.convs]
         hidden = F.relu(self.bottleneck(torch.cat(pooled, dim=1)))
         return self.out(self.dropout(hidden))
+
+
+    def _pool(self, x):
+        if self.pooling == "adaptive":
+            return F.adaptive_max_pool1d(x, self.chunks)
+        return x[..., chunk_positions(x.shape[-1], self.chunks, x.device)].max(-1).values
+
+    def with_gather_pooling(self) -> "XMLCNN":
+        """A shallow copy that shares every weight but pools by gather + max."""
+        twin = copy.copy(self)
+        twin._modules = dict(self._modules)
+        twin.pooling = "gather"
+        return twin
+
+
+def chunk_positions(length: int, chunks: int, device=None) -> torch.Tensor:
+    """[chunks, widest] positions of each adaptive-pooling window over `length` items.
+
+    Window i is [floor(i*L/C), ceil((i+1)*L/C)), as in adaptive pooling; shorter windows
+    repeat their last position, which leaves their maximum unchanged.
+    """
+    starts = [i * length // chunks for i in range(chunks)]
+    ends = [-(-(i + 1) * length // chunks) for i in range(chunks)]
+    widest = max(e - s for s, e in zip(starts, ends))
+    rows = [[min(s + j, e - 1) for j in range(widest)] for s, e in zip(starts, ends)]
+    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 class MultiLabelLoss(torch.nn.Module):
@@ -51,4 +85,6 @@ def xmlcnn(small: bool = False, seq_len: int = 500) -> BenchmarkModel:
     tokens = torch.randint(0, vocab, (1, seq_len))
     targets = (torch.rand(1, labels) < 0.01).float()
     return BenchmarkModel("xmlcnn", model.eval(), (tokens,), MultiLabelLoss(model), targets,
-                          notes=f"seq {seq_len}, {labels} labels")
+                          notes=f"seq {seq_len}, {labels} labels",
+                          export_module=model.with_gather_pooling().eval(),
+                          export_note="adaptive max pooling as gather + max")

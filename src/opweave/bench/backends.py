@@ -1,0 +1,264 @@
+"""The backends `opweave bench` compares, each prepared inside its own worker process.
+
+A backend turns a benchmark model into a `Prepared`: one callable that runs one timed call
+(an inference, or a whole training step), plus the outputs of its first call for the
+accuracy check against eager. A backend that cannot run a model raises `Unavailable` with
+the reason, which the report shows.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ..models import BenchmarkModel
+from ..models.base import disable_dropout
+
+INFER, TRAIN = "infer", "train"
+TRAINING_LR = 1e-3
+
+
+class Unavailable(Exception):
+    """This backend cannot run this model (in this mode); the message says why."""
+
+
+@dataclass
+class Prepared:
+    step: Callable[[], object]
+    first_outputs: list[np.ndarray]  # inference outputs; in training, loss then gradients
+    setup_s: float  # capture + compile (+ the first call for JIT compilers)
+    note: str = ""
+    torch_memory: bool = True  # whether torch's allocator sees its working memory
+    keep: list = field(default_factory=list)  # objects that must outlive the step
+
+
+def _numpy(values) -> list[np.ndarray]:
+    flat = torch.utils._pytree.tree_flatten(values)[0]
+    return [v.detach().float().numpy().copy() if isinstance(v, torch.Tensor) else np.asarray(v)
+            for v in flat]
+
+
+def _timed_first_call(build: Callable[[], Callable[[], object]]) -> tuple[Callable, object, float]:
+    """Build the step and make its first call; setup time covers both (JIT compilers
+    compile on the first call)."""
+    start = time.perf_counter()
+    step = build()
+    first = step()
+    return step, first, time.perf_counter() - start
+
+
+# -- inference -------------------------------------------------------------------------------
+
+def _infer_torch(bench: BenchmarkModel, compile_fn: Callable[[torch.nn.Module], Callable]) -> Prepared:
+    module = bench.module.eval()
+
+    def build():
+        compiled = compile_fn(module)
+
+        def step():
+            with torch.no_grad():
+                return compiled(*bench.inputs)
+        return step
+
+    step, first, setup_s = _timed_first_call(build)
+    return Prepared(step, _numpy(first), setup_s)
+
+
+def _infer_eager(bench, threads):
+    return _infer_torch(bench, lambda m: m)
+
+
+def _infer_inductor(bench, threads, freezing=False):
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = freezing
+    torch._dynamo.reset()
+    return _infer_torch(bench, lambda m: torch.compile(m))
+
+
+def _infer_inductor_freezing(bench, threads):
+    return _infer_inductor(bench, threads, freezing=True)
+
+
+def _infer_opweave(bench, threads):
+    import warnings
+
+    from ..frontends.torch_export import compile as opweave_compile
+    from ..frontends.program import OpweaveFallbackWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OpweaveFallbackWarning)
+        prepared = _infer_torch(bench, lambda m: opweave_compile(m, bench.inputs, name=bench.name))
+    fallbacks = [str(w.message).splitlines()[0] for w in caught
+                 if issubclass(w.category, OpweaveFallbackWarning)]
+    prepared.note = "; ".join(fallbacks)
+    return prepared
+
+
+def _export_form(bench: BenchmarkModel) -> tuple[torch.nn.Module, str]:
+    if bench.export_module is not None:
+        return bench.export_module.eval(), bench.export_note
+    return bench.module.eval(), ""
+
+
+def export_onnx(module: torch.nn.Module, inputs, path: str) -> None:
+    """`torch.onnx.export` (the torch.export-based exporter, with its own graph cleanup)."""
+    with torch.no_grad():
+        program = torch.onnx.export(module, inputs, dynamo=True, optimize=True, verbose=False)
+    program.save(path)
+
+
+def _infer_onnxruntime(bench, threads):
+    try:
+        import onnxruntime as ort
+    except ImportError as error:
+        raise Unavailable(f"onnxruntime is not installed ({error})") from None
+    module, note = _export_form(bench)
+    start = time.perf_counter()
+    tmp = tempfile.TemporaryDirectory(prefix="opweave-bench-")
+    path = os.path.join(tmp.name, f"{bench.name}.onnx")
+    try:
+        export_onnx(module, bench.inputs, path)
+    except Exception as error:  # the exporter's own message is the reason
+        raise Unavailable(f"torch.onnx.export failed: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0][:200]}") from None
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Spinning stays on (ONNX Runtime's default and fastest); the worker waits for the
+    # spinning to stop before it answers, so it never runs on another backend's time.
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    feed = {arg.name: x.numpy() for arg, x in zip(session.get_inputs(), bench.inputs)}
+
+    def step():
+        return session.run(None, feed)
+
+    first = step()
+    setup_s = time.perf_counter() - start
+    return Prepared(step, [np.asarray(o, dtype=np.float32) for o in first], setup_s,
+                    note=note, torch_memory=False, keep=[tmp])
+
+
+def tvm_target(threads: int):
+    import tvm
+    from tvm.target import codegen
+
+    return tvm.target.Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu",
+                              "mcpu": codegen.llvm_get_system_cpu(), "num-cores": threads})
+
+
+def _infer_tvm(bench, threads):
+    try:
+        import tvm
+        from tvm import relax
+        from tvm.relax.frontend.torch import from_exported_program
+    except ImportError as error:
+        raise Unavailable(f"Apache TVM is not installed ({error})") from None
+    module, note = _export_form(bench)
+    start = time.perf_counter()
+    try:
+        with torch.no_grad():
+            exported = torch.export.export(module, bench.inputs)
+        ir_module = from_exported_program(exported, keep_params_as_input=False)
+        executable = tvm.compile(ir_module, target=tvm_target(threads))
+    except Exception as error:
+        raise Unavailable(f"TVM could not import or compile it: {type(error).__name__}: "
+                          f"{str(error).splitlines()[0][:200]}") from None
+    vm = relax.VirtualMachine(executable, tvm.cpu())
+    args = [tvm.runtime.tensor(x.numpy()) for x in bench.inputs]
+    main = vm["main"]
+
+    def step():
+        return main(*args)
+
+    def to_numpy(out):
+        if hasattr(out, "numpy"):
+            return [out.numpy()]
+        return [o for item in out for o in to_numpy(item)]
+
+    first = to_numpy(step())
+    setup_s = time.perf_counter() - start
+    note = "; ".join(filter(None, [note, "default schedules (untuned)"]))
+    return Prepared(step, first, setup_s, note=note, torch_memory=False, keep=[vm, args])
+
+
+# -- training step ---------------------------------------------------------------------------
+
+def _train(bench: BenchmarkModel, compile_fn: Callable[[torch.nn.Module], Callable]) -> Prepared:
+    """Forward, loss, backward and an SGD step; the first step's loss and gradients (taken
+    before the update) are the accuracy outputs."""
+    loss_module = disable_dropout(bench.loss_module.train())
+    params = [p for p in loss_module.parameters() if p.requires_grad]
+    optimizer = torch.optim.SGD(params, lr=TRAINING_LR)
+    compiled = compile_fn(loss_module)
+
+    def forward_backward():
+        loss = compiled(*bench.inputs, bench.targets)
+        loss.backward()
+        return loss
+
+    def update():
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def step():
+        loss = forward_backward()
+        update()
+        return loss
+
+    start = time.perf_counter()
+    loss = forward_backward()
+    setup_s = time.perf_counter() - start
+    first = _numpy([loss] + [p.grad if p.grad is not None else torch.zeros_like(p) for p in params])
+    update()
+    return Prepared(step, first, setup_s)
+
+
+def _train_eager(bench, threads):
+    return _train(bench, lambda m: m)
+
+
+def _train_inductor(bench, threads):
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = False
+    torch._dynamo.reset()
+    return _train(bench, lambda m: torch.compile(m))
+
+
+def _train_opweave(bench, threads):
+    torch._dynamo.reset()
+    return _train(bench, lambda m: torch.compile(m, backend="opweave"))
+
+
+def _inference_only(name):
+    def prepare(bench, threads):
+        raise Unavailable(f"{name} is an inference backend here; no training step")
+    return prepare
+
+
+PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
+    "eager": {INFER: _infer_eager, TRAIN: _train_eager},
+    "inductor": {INFER: _infer_inductor, TRAIN: _train_inductor},
+    "inductor-freezing": {INFER: _infer_inductor_freezing,
+                          TRAIN: _inference_only("inductor with freezing (frozen weights)")},
+    "onnxruntime": {INFER: _infer_onnxruntime, TRAIN: _inference_only("ONNX Runtime")},
+    "tvm": {INFER: _infer_tvm, TRAIN: _inference_only("TVM")},
+    "opweave": {INFER: _infer_opweave, TRAIN: _train_opweave},
+}
+BACKENDS = tuple(PREPARE)
+
+
+def prepare(backend: str, bench: BenchmarkModel, mode: str, threads: int) -> Prepared:
+    try:
+        by_mode = PREPARE[backend]
+    except KeyError:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
+    return by_mode[mode](bench, threads)

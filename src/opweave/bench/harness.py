@@ -1,0 +1,267 @@
+"""`opweave bench`: every backend on every model, in worker processes, interleaved.
+
+Per model: each backend's worker is prepared in turn (so compile times are not contended),
+all are warmed up, then timed in rotating rounds (A B C, B C A, ...) one call at a time;
+then each reports its peak memory during one more call. Eager is always measured: it is
+the reference for accuracy and the baseline of the ratios.
+"""
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from typing import Sequence
+
+import numpy as np
+
+from . import roofline
+from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
+from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
+
+INFER, TRAIN = "infer", "train"
+REFERENCE = "eager"
+DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "opweave")
+TRAIN_BACKENDS = ("eager", "inductor", "opweave")
+TOLERANCE = {INFER: 1e-3, TRAIN: 1e-3}
+OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    models: Sequence[str]
+    backends: Sequence[str] = DEFAULT_BACKENDS
+    mode: str = INFER
+    batch: int = 1
+    runs: int = 10
+    warmup: int = 3
+    threads: int = os.cpu_count() or 1
+    small: bool = False
+    setup_timeout_s: float = 1800.0
+    seconds_per_backend: float = 60.0  # timing budget: slow backends get fewer runs (min 3)
+    log_dir: str | None = None  # workers' stdout/stderr go to <log_dir>/<model>-<backend>.log
+
+    def log_path(self, model: str, backend: str | None) -> str | None:
+        if self.log_dir is None:
+            return None
+        return os.path.join(self.log_dir, f"{model}-{backend or 'helper'}.log")
+
+    def ordered_backends(self) -> list[str]:
+        """Eager first (always measured), then the requested ones in order, once each."""
+        return list(dict.fromkeys([REFERENCE, *self.backends]))
+
+
+@dataclass
+class BackendResult:
+    backend: str
+    status: str = OK
+    reason: str = ""  # why it is unavailable or failed
+    note: str = ""  # how it ran (e.g. an export formulation)
+    setup_s: float | None = None
+    samples: list[float] = field(default_factory=list)  # seconds per call
+    max_abs_diff: float | None = None
+    peak_rss: int | None = None
+    torch_peak: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == OK and bool(self.samples)
+
+    @property
+    def summary(self) -> Summary | None:
+        return Summary.of(self.samples) if self.samples else None
+
+    def fail(self, status: str, reason: str) -> None:
+        self.status, self.reason = status, reason
+
+
+@dataclass
+class ModelResult:
+    model: str
+    notes: str = ""
+    flops: float | None = None
+    backends: dict[str, BackendResult] = field(default_factory=dict)
+
+    def medians(self) -> dict[str, float]:
+        return {b: r.summary.median for b, r in self.backends.items() if r.ok}
+
+    def ratios(self) -> dict[str, dict[str, float]]:
+        return ratio_matrix(self.medians())
+
+    def speedup_over_eager(self, backend: str) -> float | None:
+        medians = self.medians()
+        if backend in medians and REFERENCE in medians:
+            return medians[REFERENCE] / medians[backend]
+        return None
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    machine: dict
+    models: list[ModelResult]
+
+    def geomean_speedup(self, backend: str, over: str = REFERENCE) -> float | None:
+        """Geometric mean over models where both ran of median(over) / median(backend)."""
+        ratios = [m.ratios()[backend][over] for m in self.models
+                  if backend in m.medians() and over in m.medians()]
+        return geometric_mean(ratios) if ratios else None
+
+
+class _NoProgress:
+    def update(self, n=1):
+        pass
+
+    def set_description(self, text):
+        pass
+
+
+def max_abs_diff(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
+    """Largest absolute difference over corresponding outputs; ValueError on a mismatch."""
+    if len(got) != len(expected):
+        raise ValueError(f"{len(got)} outputs where eager has {len(expected)}")
+    worst = 0.0
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g.shape != e.shape:
+            raise ValueError(f"output {i} has shape {tuple(g.shape)}, eager {tuple(e.shape)}")
+        if g.size:
+            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - e))))
+    return worst
+
+
+def machine_description(config: BenchConfig) -> dict:
+    def version(package):
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return dict(cpu=roofline.cpu_name(), cpus=os.cpu_count(), threads=config.threads,
+                platform=platform.platform(), python=platform.python_version(),
+                versions={p: version(p) for p in ("torch", "onnxruntime", "onnx", "apache-tvm",
+                                                  "opweave")},
+                date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
+
+
+def run(config: BenchConfig, progress=None, worker_factory=Worker) -> BenchResult:
+    """Measure every backend of `config` on every model; never raises for one backend."""
+    progress = progress or _NoProgress()
+    machine = machine_description(config)
+    helper_spec = WorkerSpec(model=config.models[0] if config.models else "", mode=config.mode,
+                             threads=config.threads, log_path=config.log_path("gemm", None))
+    with worker_factory(helper_spec) as helper:
+        peak, cached = roofline.gemm_peak(config.threads, lambda: helper.call("gemm_peak"))
+    machine.update(gemm_peak_flops=peak, gemm_peak_cached=cached)
+    results = [run_model(config, name, progress, worker_factory) for name in config.models]
+    return BenchResult(config, machine, results)
+
+
+def run_model(config: BenchConfig, name: str, progress=None,
+              worker_factory=Worker) -> ModelResult:
+    progress = progress or _NoProgress()
+    result = ModelResult(name)
+    spec = dict(model=name, mode=config.mode, threads=config.threads, batch=config.batch,
+                small=config.small)
+    progress.set_description(f"{name}: FLOPs")
+    with worker_factory(WorkerSpec(log_path=config.log_path(name, None), **spec)) as helper:
+        try:
+            result.flops = helper.call("flops", timeout=config.setup_timeout_s)
+        except WorkerError as error:
+            result.notes = f"FLOPs unavailable: {_last_line(str(error))}"
+        bench_notes = helper.call("notes")
+    result.notes = "; ".join(filter(None, [bench_notes, result.notes]))
+    progress.update(1)
+
+    workers: dict[str, Worker] = {}
+    reference_outputs = None
+    try:
+        for backend in config.ordered_backends():
+            entry = result.backends[backend] = BackendResult(backend)
+            progress.set_description(f"{name}: preparing {backend}")
+            worker = worker_factory(WorkerSpec(backend=backend, log_path=config.log_path(name, backend),
+                                       **spec))
+            try:
+                prepared = worker.call("prepare", timeout=config.setup_timeout_s)
+            except BackendUnavailable as reason:
+                entry.fail(UNAVAILABLE, str(reason))
+                worker.close()
+            except WorkerError as error:
+                entry.fail(ERROR, _last_line(str(error)))
+                worker.close()
+            else:
+                workers[backend] = worker
+                entry.setup_s, entry.note = prepared["setup_s"], prepared["note"]
+                if backend == REFERENCE:
+                    reference_outputs = prepared["outputs"]
+                elif reference_outputs is not None:
+                    try:
+                        entry.max_abs_diff = max_abs_diff(prepared["outputs"], reference_outputs)
+                    except ValueError as mismatch:
+                        entry.fail(ERROR, f"outputs do not match eager's: {mismatch}")
+            progress.update(1)
+        if REFERENCE in workers:
+            result.backends[REFERENCE].max_abs_diff = 0.0
+        _measure(config, name, result, workers, progress)
+    finally:
+        for worker in workers.values():
+            worker.close()
+    return result
+
+
+def _measure(config, name, result, workers, progress) -> None:
+    def call(backend, command, *args):
+        try:
+            return workers[backend].call(command, *args, timeout=config.setup_timeout_s)
+        except (WorkerError, BackendUnavailable) as error:
+            result.backends[backend].fail(ERROR, f"{command}: {_last_line(str(error))}")
+            result.backends[backend].samples.clear()
+            workers.pop(backend).close()
+            return None
+
+    def ready():
+        return [b for b in workers if result.backends[b].status == OK]
+
+    progress.set_description(f"{name}: warm-up")
+    per_call = {}
+    for backend in ready():
+        spent, calls = 0.0, []
+        while len(calls) < max(config.warmup, 1) and spent < config.seconds_per_backend / 4:
+            samples = call(backend, "run", 1)
+            if not samples:
+                break
+            calls += samples
+            spent += samples[0]
+        if calls:
+            per_call[backend] = min(calls)
+    plan = {b: runs_within_budget(per_call[b], config.runs, config.seconds_per_backend)
+            for b in ready() if b in per_call}
+    for backend, count in plan.items():
+        if count < config.runs:
+            entry = result.backends[backend]
+            entry.note = "; ".join(filter(None, [entry.note, f"{count} runs (slow)"]))
+    progress.set_description(f"{name}: timing")
+    for order in round_robin(plan):
+        for backend in order:
+            if backend in workers:
+                samples = call(backend, "run", 1)
+                if samples:
+                    result.backends[backend].samples.extend(samples)
+        progress.update(1)
+    progress.update(config.runs - len(round_robin(plan)))
+    progress.set_description(f"{name}: memory")
+    for backend in ready():
+        memory = call(backend, "memory")
+        if memory:
+            result.backends[backend].peak_rss = memory.get("peak_rss")
+            result.backends[backend].torch_peak = memory.get("torch_peak")
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+def steps_per_model(config: BenchConfig) -> int:
+    """Progress-bar steps per model: FLOPs, one per backend prepared, one per round."""
+    return 1 + len(config.ordered_backends()) + config.runs

@@ -1,0 +1,215 @@
+"""What `opweave bench` writes: a terminal table, JSON with every raw sample, markdown
+tables and a PNG chart of latency relative to eager."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+from .harness import REFERENCE, TOLERANCE, BenchResult, ModelResult
+
+MIB = 1 << 20
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.2f}"
+
+
+def _mib(nbytes: int | None) -> str:
+    return "-" if nbytes is None else f"{nbytes / MIB:.0f}"
+
+
+def _backends(result: BenchResult) -> list[str]:
+    return result.config.ordered_backends()
+
+
+def summary_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    """Model rows, one column per backend: median ms and speed-up over eager."""
+    backends = _backends(result)
+    header = ["model", "GFLOP"] + backends
+    rows = []
+    for model in result.models:
+        cells = [model.model, "-" if model.flops is None else f"{model.flops / 1e9:.2f}"]
+        for backend in backends:
+            entry = model.backends.get(backend)
+            if entry is None or not entry.ok:
+                cells.append("n/a" if entry is None or entry.status == "unavailable" else "error")
+                continue
+            mark = _marks(result, model, backend)
+            speedup = model.speedup_over_eager(backend)
+            cells.append(f"{_ms(entry.summary.median)}{mark}" if backend == REFERENCE
+                         else f"{_ms(entry.summary.median)} ({speedup:.2f}x){mark}")
+        rows.append(cells)
+    geo = ["geomean vs eager", ""]
+    for backend in backends:
+        value = result.geomean_speedup(backend)
+        geo.append("-" if value is None else f"{value:.2f}x")
+    rows.append(geo)
+    return header, rows
+
+
+def _marks(result: BenchResult, model: ModelResult, backend: str) -> str:
+    entry = model.backends[backend]
+    marks = ""
+    if entry.note:
+        marks += "*"
+    if entry.max_abs_diff is not None and entry.max_abs_diff > TOLERANCE[result.config.mode]:
+        marks += "!"
+    return marks
+
+
+def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
+    peak = result.machine.get("gemm_peak_flops")
+    header = ["model", "backend", "median ms", "min ms", "max ms", "vs eager", "setup s",
+              "max|diff|", "peak RSS MiB", "torch peak MiB", "% GEMM peak", "note"]
+    rows = []
+    for model in result.models:
+        for backend in _backends(result):
+            entry = model.backends.get(backend)
+            if entry is None:
+                continue
+            if not entry.ok:
+                rows.append([model.model, backend] + ["-"] * 9 + [f"{entry.status}: {entry.reason}"])
+                continue
+            s = entry.summary
+            share = ("-" if not (peak and model.flops)
+                     else f"{100 * model.flops / s.median / peak:.1f}")
+            rows.append([model.model, backend, _ms(s.median), _ms(s.min), _ms(s.max),
+                         f"{model.speedup_over_eager(backend):.2f}x",
+                         "-" if entry.setup_s is None else f"{entry.setup_s:.1f}",
+                         "-" if entry.max_abs_diff is None else f"{entry.max_abs_diff:.1e}",
+                         _mib(entry.peak_rss), _mib(entry.torch_peak), share, entry.note])
+    return header, rows
+
+
+def _text_table(header, rows) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda cells: "  ".join(str(c).ljust(w) if i in (0, 1) or not _numeric(c)
+                                   else str(c).rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+    return "\n".join([line(header), "-" * (sum(widths) + 2 * (len(widths) - 1))]
+                     + [line(r) for r in rows])
+
+
+def _numeric(cell) -> bool:
+    return str(cell)[:1].isdigit() or str(cell) in ("-", "n/a")
+
+
+def _markdown_table(header, rows) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def _preamble(result: BenchResult) -> list[str]:
+    c, m = result.config, result.machine
+    peak = m.get("gemm_peak_flops")
+    what = "training step (forward, backward, SGD)" if c.mode == "train" else "inference"
+    return [f"{what}, batch {c.batch}, fp32, {c.threads} threads on {m['cpu']} "
+            f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up",
+            f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
+            "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
+
+
+def _footnotes(result: BenchResult) -> list[str]:
+    notes = ["(Nx) = eager median / backend median: above 1 is faster than eager.",
+             f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g}."]
+    for model in result.models:
+        if model.notes:
+            notes.append(f"{model.model}: {model.notes}")
+        for backend, entry in model.backends.items():
+            if entry.note:
+                notes.append(f"* {model.model} / {backend}: {entry.note}")
+            if not entry.ok:
+                notes.append(f"{model.model} / {backend} {entry.status}: {entry.reason}")
+    return notes
+
+
+def terminal(result: BenchResult) -> str:
+    parts = _preamble(result) + ["", _text_table(*summary_rows(result)), ""]
+    parts += _footnotes(result)
+    return "\n".join(parts)
+
+
+def markdown(result: BenchResult) -> str:
+    parts = ["# opweave bench: " + result.config.mode, ""]
+    parts += [f"- {line}" for line in _preamble(result)] + [""]
+    parts += ["## Latency (median ms, speed-up over eager)", "", _markdown_table(*summary_rows(result)), ""]
+    parts += [f"- {note}" for note in _footnotes(result)] + [""]
+    parts += ["## Details", "", _markdown_table(*detail_rows(result)), ""]
+    parts += ["## Pairwise ratios (row backend's speed-up over column backend)", ""]
+    for model in result.models:
+        ratios = model.ratios()
+        if len(ratios) < 2:
+            continue
+        names = list(ratios)
+        rows = [[a] + [f"{ratios[a][b]:.2f}" for b in names] for a in names]
+        parts += [f"### {model.model}", "", _markdown_table([""] + names, rows), ""]
+    return "\n".join(parts)
+
+
+def to_json(result: BenchResult) -> dict:
+    models = []
+    for model in result.models:
+        backends = {}
+        for name, entry in model.backends.items():
+            data = dataclasses.asdict(entry)
+            summary = entry.summary
+            data["summary"] = dataclasses.asdict(summary) if summary else None
+            backends[name] = data
+        models.append(dict(model=model.model, notes=model.notes, flops=model.flops,
+                           backends=backends, ratios=model.ratios()))
+    return dict(format="opweave-bench/1", config=dataclasses.asdict(result.config),
+                machine=result.machine, models=models,
+                geomean_speedup_over_eager={b: result.geomean_speedup(b) for b in _backends(result)})
+
+
+def write_chart(result: BenchResult, path: Path) -> None:
+    """Grouped bars: each backend's latency relative to eager (lower is faster), per model."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    backends = _backends(result)
+    names = [m.model for m in result.models]
+    width = 0.8 / max(len(backends), 1)
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(names) + 2), 4.2))
+    for i, backend in enumerate(backends):
+        for j, model in enumerate(result.models):
+            x = j + (i - (len(backends) - 1) / 2) * width
+            speedup = model.speedup_over_eager(backend)
+            if speedup is None:
+                ax.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
+                continue
+            ax.bar(x, 1 / speedup, width, color=f"C{i}", label=backend if j == 0 else None)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("latency relative to eager (lower is faster)")
+    ax.set_title(f"opweave bench ({result.config.mode}, batch {result.config.batch}, "
+                 f"{result.config.threads} threads)")
+    handles, labels = ax.get_legend_handles_labels()
+    ax.legend(handles, labels, fontsize=8, ncols=min(len(labels), 3) or 1)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_all(result: BenchResult, out_dir: Path) -> dict[str, Path]:
+    """Write JSON, markdown and PNG for `result` into `out_dir`, each atomically."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"bench-{result.config.mode}"
+    paths = {kind: out_dir / f"{stem}.{kind}" for kind in ("json", "md", "png")}
+    _atomic(paths["json"], lambda p: p.write_text(json.dumps(to_json(result), indent=1)))
+    _atomic(paths["md"], lambda p: p.write_text(markdown(result)))
+    _atomic(paths["png"], lambda p: write_chart(result, p))
+    return paths
+
+
+def _atomic(path: Path, write) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

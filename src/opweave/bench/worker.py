@@ -1,0 +1,223 @@
+"""Worker processes: one per backend and model, so that backends never share a process.
+
+Thread pools of different runtimes fight when they live in one process (ONNX Runtime's
+spinning workers slowed eager ResNet-50 from 100 to 186 ms here). Each backend therefore
+runs in its own process; the parent alternates them by sending one "run" at a time, and
+each worker times its own calls, so the pipe's latency is never in a sample.
+
+This module must not import torch at the top: the thread settings below have to be in the
+environment before torch (or ONNX Runtime, or TVM) starts its pools.
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                    "TVM_NUM_THREADS")
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """What a worker builds: the model, the mode, and the threads it may use."""
+
+    model: str
+    mode: str = "infer"
+    threads: int = 1
+    batch: int = 1
+    small: bool = False
+    backend: str | None = None  # None: a helper worker (FLOPs, calibration), no backend
+    log_path: str | None = None  # where the worker's stdout/stderr go (library chatter)
+
+
+class WorkerError(RuntimeError):
+    """The worker crashed, timed out or raised; the message carries its traceback."""
+
+
+class BackendUnavailable(RuntimeError):
+    """The backend cannot run this model; the message is the reason."""
+
+
+class Worker:
+    """Parent-side handle of one worker process."""
+
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        context = multiprocessing.get_context("spawn")
+        self._conn, child_conn = context.Pipe()
+        self.process = context.Process(target=serve, args=(child_conn, spec), daemon=True,
+                                       name=f"opweave-bench-{spec.backend or 'helper'}")
+        self.process.start()
+        child_conn.close()
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def call(self, command: str, *args, timeout: float | None = None):
+        """Run `command` in the worker and return its result."""
+        try:
+            self._conn.send((command, args))
+            if not self._conn.poll(timeout):
+                self.close()
+                raise WorkerError(f"{command} timed out after {timeout:.0f} s")
+            status, value = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            self.process.join(1)
+            raise WorkerError(f"worker process died during {command} "
+                              f"(exit code {self.process.exitcode})") from None
+        if status == "unavailable":
+            raise BackendUnavailable(value)
+        if status == "error":
+            raise WorkerError(value)
+        return value
+
+    def close(self) -> None:
+        if self.process.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self.process.join(5)
+            if self.process.is_alive():
+                self.process.kill()
+                self.process.join()
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def wait_until_idle(window_s: float = 0.005, timeout_s: float = 1.0) -> bool:
+    """Wait until this process's threads together use under 10% of one core over a
+    `window_s` window (thread pools spin for a while after work: ONNX Runtime's for about
+    20 ms, OpenMP's shorter). False if they are still busy after `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while time.perf_counter() < deadline:
+        cpu_before, wall_before = time.process_time(), time.perf_counter()
+        time.sleep(window_s)
+        cpu = time.process_time() - cpu_before
+        if cpu < 0.1 * (time.perf_counter() - wall_before):
+            return True
+    return False
+
+
+def limit_threads(threads: int) -> None:
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+
+
+def serve(conn, spec: WorkerSpec) -> None:
+    """The worker's loop: answer (command, args) requests until it receives None."""
+    limit_threads(spec.threads)
+    if spec.log_path:
+        _redirect_output(spec.log_path)
+    session = _Session(spec)
+    while True:
+        try:
+            request = conn.recv()
+        except EOFError:
+            return
+        if request is None:
+            return
+        command, args = request
+        try:
+            reply = ("ok", getattr(session, command)(*args))
+        except BackendUnavailable as error:
+            reply = ("unavailable", str(error))
+        except Exception:
+            reply = ("error", traceback.format_exc())
+        conn.send(reply)
+
+
+def _redirect_output(path: str) -> None:
+    """Send this process's stdout and stderr (native libraries' too) to `path`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+class _Session:
+    """The worker-side state: the model and, once prepared, the backend's step."""
+
+    def __init__(self, spec: WorkerSpec):
+        import warnings
+
+        import torch
+
+        warnings.simplefilter("ignore")  # library chatter would only garble the progress bar
+        torch.set_num_threads(spec.threads)
+        self.spec = spec
+        self.prepared = None
+        self._bench = None
+
+    @property
+    def bench(self):
+        if self._bench is None:
+            from ..models import build
+
+            self._bench = build(self.spec.model, small=self.spec.small).with_batch(self.spec.batch)
+        return self._bench
+
+    def notes(self) -> str:
+        notes = self.bench.notes
+        if self.spec.batch > 1 and not self.bench.batched:
+            notes += "; whole-graph input, --batch does not apply"
+        return notes
+
+    def prepare(self) -> dict:
+        from . import backends
+
+        try:
+            self.prepared = backends.prepare(self.spec.backend, self.bench, self.spec.mode,
+                                             self.spec.threads)
+        except backends.Unavailable as error:
+            raise BackendUnavailable(str(error)) from None
+        p = self.prepared
+        return dict(setup_s=p.setup_s, outputs=p.first_outputs, note=p.note,
+                    torch_memory=p.torch_memory)
+
+    def run(self, count: int = 1) -> list[float]:
+        """Seconds of each of `count` calls of the prepared step. Returns once this
+        process has gone quiet, so that no thread of it still spins while the parent
+        times the next backend."""
+        step, samples = self.prepared.step, []
+        for _ in range(count):
+            start = time.perf_counter()
+            step()
+            samples.append(time.perf_counter() - start)
+        wait_until_idle()
+        return samples
+
+    def memory(self) -> dict:
+        """Peak resident memory of the process during one step, and, where torch allocates
+        the working memory, the peak of torch's allocations during it (bytes)."""
+        from .memory import peak_rss_during
+
+        from ..runtime.memory_stats import peak_allocated_bytes
+
+        result = dict(peak_rss=peak_rss_during(self.prepared.step))
+        if self.prepared.torch_memory:
+            result["torch_peak"] = peak_allocated_bytes(self.prepared.step)
+        return result
+
+    def flops(self) -> float:
+        from .roofline import model_flops
+
+        return model_flops(self.bench, self.spec.mode)
+
+    def gemm_peak(self) -> float:
+        from .roofline import measure_gemm_peak
+
+        return measure_gemm_peak()
+
+    def pid(self) -> int:
+        return os.getpid()

@@ -1,0 +1,152 @@
+"""The harness's orchestration with fake workers: interleaving, failures, accuracy,
+reports. No model runs here; `test_workers.py` runs real ones."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from opweave.bench import harness, report
+from opweave.bench.worker import BackendUnavailable, WorkerError
+
+
+class FakeWorker:
+    """Stands in for a worker process; records every call in a shared log."""
+
+    log: list = []
+    behaviour: dict = {}  # backend -> dict(seconds=..., outputs=..., prepare_error=...)
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.closed = False
+
+    def call(self, command, *args, timeout=None):
+        b = self.spec.backend
+        FakeWorker.log.append((b, command))
+        conf = FakeWorker.behaviour.get(b, {})
+        if command == "gemm_peak":
+            return 100e9
+        if command == "flops":
+            return 2e9
+        if command == "notes":
+            return "fake model"
+        if command == "prepare":
+            if "prepare_error" in conf:
+                raise conf["prepare_error"]
+            return dict(setup_s=1.5, outputs=conf.get("outputs", [np.ones((2, 3), np.float32)]),
+                        note=conf.get("note", ""), torch_memory=True)
+        if command == "run":
+            if conf.get("crash_on_run"):
+                raise WorkerError("Traceback ...\nRuntimeError: boom")
+            return [conf.get("seconds", 0.01)] * args[0]
+        if command == "memory":
+            return dict(peak_rss=200 << 20, torch_peak=10 << 20)
+        raise AssertionError(command)
+
+    def close(self):
+        self.closed = True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path / "cache"))
+    FakeWorker.log = []
+    FakeWorker.behaviour = {}
+    return FakeWorker
+
+
+def _config(**kw):
+    base = dict(models=["m1", "m2"], backends=["inductor", "opweave"], runs=4, warmup=1)
+    return harness.BenchConfig(**{**base, **kw})
+
+
+def test_backends_are_timed_interleaved_one_call_at_a_time(fake):
+    fake.behaviour = {"eager": dict(seconds=0.02), "inductor": dict(seconds=0.01),
+                      "opweave": dict(seconds=0.005)}
+    result = harness.run(_config(), worker_factory=fake)
+    timed = [b for b, c in fake.log if c == "run"]
+    # warm-up: one call each; then 4 rotating rounds per model, never the same twice in a row
+    per_model = timed[: len(timed) // 2]
+    assert per_model[3:] == ["eager", "inductor", "opweave", "inductor", "opweave", "eager",
+                             "opweave", "eager", "inductor", "eager", "inductor", "opweave"]
+    m1 = result.models[0]
+    assert m1.speedup_over_eager("opweave") == pytest.approx(4.0)
+    assert m1.ratios()["opweave"]["inductor"] == pytest.approx(2.0)
+    assert result.geomean_speedup("inductor") == pytest.approx(2.0)
+    assert m1.backends["opweave"].summary.count == 4
+    assert m1.flops == 2e9 and result.machine["gemm_peak_flops"] == 100e9
+
+
+def test_eager_is_always_the_reference_even_when_not_asked(fake):
+    config = _config(backends=["opweave"])
+    assert config.ordered_backends() == ["eager", "opweave"]
+    result = harness.run(config, worker_factory=fake)
+    assert result.models[0].backends["eager"].max_abs_diff == 0.0
+
+
+def test_unavailable_and_crashing_backends_are_reported_not_dropped(fake):
+    fake.behaviour = {
+        "inductor": dict(prepare_error=BackendUnavailable("cannot export: adaptive pooling")),
+        "opweave": dict(crash_on_run=True)}
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    entries = result.models[0].backends
+    assert entries["inductor"].status == "unavailable"
+    assert "adaptive pooling" in entries["inductor"].reason
+    assert entries["opweave"].status == "error" and "boom" in entries["opweave"].reason
+    assert entries["eager"].ok and not entries["opweave"].ok
+    text = report.terminal(result)
+    assert "cannot export: adaptive pooling" in text and "boom" in text
+
+
+def test_wrong_outputs_are_flagged(fake):
+    fake.behaviour = {"opweave": dict(outputs=[np.full((2, 3), 1.5, np.float32)]),
+                      "inductor": dict(outputs=[np.ones((3, 2), np.float32)])}
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    entries = result.models[0].backends
+    assert entries["opweave"].max_abs_diff == pytest.approx(0.5)
+    assert "!" in report.terminal(result)
+    assert entries["inductor"].status == "error" and "shape" in entries["inductor"].reason
+
+
+def test_slow_backend_gets_fewer_runs_within_budget(fake):
+    fake.behaviour = {"opweave": dict(seconds=30.0)}
+    result = harness.run(_config(models=["m1"], runs=10, seconds_per_backend=60),
+                         worker_factory=fake)
+    entries = result.models[0].backends
+    assert entries["eager"].summary.count == 10
+    assert entries["opweave"].summary.count == 3 and "3 runs (slow)" in entries["opweave"].note
+
+
+def test_reports_written_with_raw_samples(fake, tmp_path):
+    fake.behaviour = {"opweave": dict(seconds=0.005, note="dense adjacency")}
+    result = harness.run(_config(), worker_factory=fake)
+    paths = report.write_all(result, tmp_path / "out")
+    data = json.loads(paths["json"].read_text())
+    assert data["format"] == "opweave-bench/1"
+    assert data["machine"]["threads"] == result.config.threads
+    samples = data["models"][0]["backends"]["opweave"]["samples"]
+    assert samples == [0.005] * 4
+    assert data["geomean_speedup_over_eager"]["opweave"] == pytest.approx(2.0)
+    md = paths["md"].read_text()
+    assert "| m1 |" in md and "2.00x" in md and "dense adjacency" in md
+    assert paths["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not [p for p in (tmp_path / "out").iterdir() if p.name.startswith(".")]
+    # roofline: 2 GFLOP in 5 ms on a 100 GFLOP/s peak = 400 %
+    header, rows = report.detail_rows(result)
+    row = next(r for r in rows if r[:2] == ["m1", "opweave"])
+    assert row[header.index("% GEMM peak")] == "400.0"
+
+
+def test_max_abs_diff():
+    a = [np.zeros((2,), np.float32), np.array([1.0, 2.0], np.float32)]
+    b = [np.zeros((2,), np.float32), np.array([1.0, 2.5], np.float32)]
+    assert harness.max_abs_diff(a, b) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="outputs"):
+        harness.max_abs_diff(a[:1], b)

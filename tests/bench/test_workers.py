@@ -1,0 +1,93 @@
+"""Real worker processes on small models: each backend kind end to end, and the isolation
+that lets backends alternate without slowing each other."""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import pytest
+
+from opweave.bench import harness
+from opweave.bench.worker import BackendUnavailable, Worker, WorkerSpec
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid`, all threads (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spec(backend, model="xmlcnn", mode="infer"):
+    return WorkerSpec(model=model, mode=mode, threads=2, small=True, backend=backend)
+
+
+def test_inference_through_the_harness(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path))
+    config = harness.BenchConfig(models=["xmlcnn"], backends=["opweave", "onnxruntime"],
+                                 runs=3, warmup=1, threads=2, small=True)
+    result = harness.run(config)
+    entries = result.models[0].backends
+    for name in ("eager", "opweave", "onnxruntime"):
+        assert entries[name].ok, entries[name].reason
+        assert entries[name].summary.count == 3
+        assert entries[name].max_abs_diff < 1e-4
+        assert entries[name].peak_rss > 0
+    assert entries["opweave"].torch_peak > 0 and entries["onnxruntime"].torch_peak is None
+    assert "gather + max" in entries["onnxruntime"].note  # the exportable formulation
+    assert result.models[0].flops > 0 and result.machine["gemm_peak_flops"] > 0
+
+
+def test_training_step_gradients_match_eager():
+    with Worker(_spec("eager", mode="train")) as eager, \
+            Worker(_spec("opweave", mode="train")) as opweave:
+        expected = eager.call("prepare")["outputs"]
+        got = opweave.call("prepare")["outputs"]
+        assert len(got) == len(expected) > 2  # the loss, then one gradient per parameter
+        assert harness.max_abs_diff(got, expected) < 1e-4
+        assert len(opweave.call("run", 2)) == 2
+
+
+def test_inference_only_backend_refuses_training_with_a_reason():
+    with Worker(_spec("onnxruntime", mode="train")) as worker:
+        with pytest.raises(BackendUnavailable, match="inference backend"):
+            worker.call("prepare")
+
+
+def test_worker_errors_carry_the_traceback():
+    with Worker(_spec("eager")) as worker:
+        with pytest.raises(Exception, match="AttributeError"):
+            worker.call("run", 1)  # not prepared yet
+
+
+def test_spinning_runtime_is_quiet_when_its_call_returns():
+    """ONNX Runtime's pool threads spin after each run (its default, kept for speed); the
+    worker answers only once they stopped, so the next backend has the cores to itself."""
+    with Worker(_spec("onnxruntime", model="resnet50")) as worker:
+        worker.call("prepare")
+        for _ in range(3):
+            worker.call("run", 3)
+            before = _cpu_seconds(worker.pid)
+            time.sleep(0.3)
+            assert _cpu_seconds(worker.pid) - before < 0.02
+
+
+def test_a_backends_timing_does_not_change_when_another_is_present():
+    """Eager alone vs eager alternating with ONNX Runtime (each in its own process), in
+    interleaved blocks so that machine drift hits both conditions alike."""
+    with Worker(_spec("eager", model="resnet50")) as eager, \
+            Worker(_spec("onnxruntime", model="resnet50")) as other:
+        eager.call("prepare")
+        other.call("prepare")
+        eager.call("run", 3)
+        other.call("run", 3)
+        alone, together = [], []
+        for _ in range(6):
+            for _ in range(4):
+                alone += eager.call("run", 1)
+            for _ in range(4):
+                other.call("run", 1)
+                together += eager.call("run", 1)
+        ratio = statistics.median(together) / statistics.median(alone)
+        assert 0.8 < ratio < 1.25, f"eager took {ratio:.2f}x as long with ONNX Runtime present"
