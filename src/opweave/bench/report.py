@@ -30,7 +30,7 @@ def summary_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     header = ["model", "GFLOP"] + backends
     rows = []
     for model in result.models:
-        cells = [model.model, "-" if model.flops is None else f"{model.flops / 1e9:.2f}"]
+        cells = [model.model, "-" if model.flops is None else f"{model.flops / 1e9:.3g}"]
         for backend in backends:
             entry = model.backends.get(backend)
             if entry is None or not entry.ok:

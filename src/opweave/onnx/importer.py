@@ -1,0 +1,274 @@
+"""Lowering an ONNX graph, specialized to concrete input shapes, into the opweave IR.
+
+Nodes may come in any order (they are sorted, and a cycle is named). Values known at import
+time (initializers, Constant nodes, shapes, and whatever is computed only from those) are
+folded as they are built, so shape computations (Shape -> Gather -> Concat -> Reshape)
+become the constant attributes the IR needs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from ..ir import dtypes, registry
+from ..ir.graph import Graph, Value
+from ..ir.types import TensorType
+from .errors import OnnxError, OnnxUnsupported, where
+
+# ONNX element type -> torch dtype, for the types the IR has
+ONNX_TO_TORCH = {
+    onnx.TensorProto.FLOAT: torch.float32, onnx.TensorProto.DOUBLE: torch.float64,
+    onnx.TensorProto.FLOAT16: torch.float16, onnx.TensorProto.BFLOAT16: torch.bfloat16,
+    onnx.TensorProto.INT64: torch.int64, onnx.TensorProto.INT32: torch.int32,
+    onnx.TensorProto.INT16: torch.int16, onnx.TensorProto.INT8: torch.int8,
+    onnx.TensorProto.UINT8: torch.uint8, onnx.TensorProto.BOOL: torch.bool,
+}
+TORCH_TO_ONNX = {v: k for k, v in ONNX_TO_TORCH.items()}
+FOLD_LIMIT = 1 << 16  # fold computed values up to this many elements; larger stay nodes
+
+
+def torch_dtype(onnx_type: int, what: str) -> torch.dtype:
+    try:
+        return ONNX_TO_TORCH[onnx_type]
+    except KeyError:
+        name = onnx.TensorProto.DataType.Name(onnx_type) if onnx_type in onnx.TensorProto.DataType.values() else onnx_type
+        raise OnnxUnsupported(f"{what} has element type {name}, which opweave does not support") from None
+
+
+def tensor_from_proto(proto: onnx.TensorProto, what: str) -> torch.Tensor:
+    dtype = torch_dtype(proto.data_type, what)
+    try:
+        array = numpy_helper.to_array(proto)
+    except Exception as error:
+        raise OnnxError(f"{what}: cannot decode tensor {proto.name!r}: {error}") from None
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16).astype(np.int32)
+                                << 16).view(torch.float32).to(torch.bfloat16)
+    return torch.from_numpy(np.array(array, copy=True)).to(dtype)
+
+
+@dataclass(frozen=True)
+class DeclaredInput:
+    """A graph input as declared: element type and dims (int, a symbol name, or None)."""
+
+    name: str
+    dtype: torch.dtype
+    dims: tuple | None  # None: rank unknown
+
+
+def declared_inputs(graph: onnx.GraphProto) -> list[DeclaredInput]:
+    initializers = {t.name for t in graph.initializer}
+    result = []
+    for value in graph.input:
+        if value.name in initializers:
+            continue  # an old-style input with a default: a constant here
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise OnnxUnsupported(f"graph input {value.name!r} is a {kind}, not a tensor")
+        tensor_type = value.type.tensor_type
+        dtype = torch_dtype(tensor_type.elem_type, f"graph input {value.name!r}")
+        dims = None
+        if tensor_type.HasField("shape"):
+            dims = tuple(d.dim_value if d.HasField("dim_value") else
+                         (d.dim_param or None) for d in tensor_type.shape.dim)
+        result.append(DeclaredInput(value.name, dtype, dims))
+    return result
+
+
+def topological_order(graph: onnx.GraphProto, available: set[str]) -> list[onnx.NodeProto]:
+    """The nodes in an order where every input is produced first; names what is wrong
+    when no such order exists (an undefined input, or a cycle)."""
+    producers: dict[str, int] = {}
+    for i, node in enumerate(graph.node):
+        for out in node.output:
+            if out:
+                if out in producers or out in available:
+                    raise OnnxError(f"value {out!r} is produced twice (by {where(node)})")
+                producers[out] = i
+    waiting = {}
+    for i, node in enumerate(graph.node):
+        deps = set()
+        for name in node.input:
+            if not name or name in available:
+                continue
+            if name not in producers:
+                raise OnnxError(f"{where(node)} reads {name!r}, which no node produces and is "
+                                f"neither a graph input nor an initializer")
+            deps.add(producers[name])
+        waiting[i] = deps
+    users: dict[int, list[int]] = {i: [] for i in waiting}
+    for i, deps in waiting.items():
+        for d in deps:
+            users[d].append(i)
+    ready = [i for i, deps in waiting.items() if not deps]
+    order = []
+    while ready:
+        i = ready.pop(0)
+        order.append(i)
+        for u in users[i]:
+            waiting[u].discard(i)
+            if not waiting[u]:
+                ready.append(u)
+    if len(order) != len(graph.node):
+        stuck = [where(graph.node[i]) for i in sorted(set(waiting) - set(order))][:5]
+        raise OnnxError(f"the graph has a cycle through {', '.join(stuck)}")
+    return [graph.node[i] for i in order]
+
+
+# Operator inputs that must be known to lower the node (shapes, axes, bounds).
+CONSTANT_INPUTS = {"Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,),
+                   "Unsqueeze": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
+                   "ReduceMin": (1,), "Split": (1,), "ConstantOfShape": (0,),
+                   "Range": (0, 1, 2), "Dropout": (1, 2)}
+
+
+def value_inputs(graph: onnx.GraphProto) -> set[str]:
+    """Graph inputs read where a node needs a known value (a Reshape's shape, a Slice's
+    starts): the model is specialized to their values at run time, as to input shapes."""
+    names = {d.name for d in declared_inputs(graph)}
+    found = set()
+    for node in graph.node:
+        for position in CONSTANT_INPUTS.get(node.op_type, ()):
+            if position < len(node.input) and node.input[position] in names:
+                found.add(node.input[position])
+    return found
+
+
+Handler = Callable[["Lowering", onnx.NodeProto, list, dict], list]
+HANDLERS: dict[str, Handler] = {}
+
+
+def handles(*op_types: str):
+    def register(fn: Handler) -> Handler:
+        for op_type in op_types:
+            HANDLERS[op_type] = fn
+        return fn
+    return register
+
+
+def attributes(node: onnx.NodeProto) -> dict:
+    result = {}
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.TENSOR:
+            result[attr.name] = attr.t
+        elif attr.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS):
+            raise OnnxUnsupported(f"{where(node)} has a subgraph attribute {attr.name!r} "
+                                  f"(control flow is not supported)")
+        else:
+            value = onnx.helper.get_attribute_value(attr)
+            result[attr.name] = value.decode() if isinstance(value, bytes) else value
+    return result
+
+
+class Lowering:
+    """The state of one lowering: the IR graph being built and the ONNX name -> Value map."""
+
+    def __init__(self, model: onnx.ModelProto, opset: int, name: str = "onnx"):
+        self.model = model
+        self.opset = opset
+        self.graph = Graph(name)
+        self.values: dict[str, Value] = {}
+        self.node: onnx.NodeProto | None = None
+
+    # -- building, with folding ---------------------------------------------------------
+    def constant(self, tensor: torch.Tensor, hint: str = "const") -> Value:
+        if not dtypes.is_supported(tensor.dtype):
+            raise OnnxUnsupported(f"constant {hint!r} has dtype {tensor.dtype}")
+        return self.graph.add_constant(hint, tensor, source=self._source())
+
+    def const_of(self, value: Value | None) -> torch.Tensor | None:
+        """The data of `value` if it is known at import time."""
+        if value is not None and value.producer is not None and value.producer.op == "constant":
+            return self.graph.constants[value.producer.attrs["name"]]
+        return None
+
+    def require_const(self, value: Value | None, what: str) -> torch.Tensor:
+        data = self.const_of(value)
+        if data is None:
+            raise OnnxUnsupported(f"{where(self.node)}: {what} must be known when the model is "
+                                  f"imported (a constant or computed from shapes)")
+        return data
+
+    def ints(self, value: Value | None, what: str) -> list[int]:
+        return [int(v) for v in self.require_const(value, what).reshape(-1).tolist()]
+
+    def emit(self, op: str, inputs: list[Value], attrs: dict | None = None) -> list[Value]:
+        """Add an IR node, or fold it when all its inputs are known and it is small."""
+        opdef = registry.get(op)
+        try:
+            full = opdef.full_attrs(attrs or {})
+            types = opdef.infer([v.type for v in inputs], full)
+        except (registry.ShapeError, ValueError, TypeError) as error:
+            raise OnnxUnsupported(f"{where(self.node)}: {op} does not accept "
+                                  f"{[str(v.type) for v in inputs]} with {attrs}: {error}") from None
+        known = [self.const_of(v) for v in inputs]
+        if (op != "constant" and not opdef.is_random and all(k is not None for k in known)
+                and all(t.numel <= FOLD_LIMIT for t in types)):
+            outs = opdef.impl(*known, **full)
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            return [self.constant(o.clone(), op) for o in outs]
+        return self.graph.add(op, inputs, attrs, name=op, source=self._source())
+
+    def emit1(self, op: str, inputs: list[Value], attrs: dict | None = None) -> Value:
+        return self.emit(op, inputs, attrs)[0]
+
+    def scalar(self, value, like: Value) -> Value:
+        return self.constant(torch.tensor(value, dtype=like.type.dtype), "scalar")
+
+    def _source(self) -> str:
+        node = self.node
+        if node is None:
+            return "onnx"
+        return f"onnx:{node.name or node.op_type}"
+
+    # -- the whole graph ----------------------------------------------------------------
+    def lower(self, input_types: dict[str, TensorType],
+              input_values: dict[str, torch.Tensor] | None = None) -> Graph:
+        """The IR graph for these input types; inputs in `input_values` (shape-like inputs,
+        see `value_inputs`) become constants of this specialization."""
+        onnx_graph = self.model.graph
+        input_values = input_values or {}
+        for declared in declared_inputs(onnx_graph):
+            if declared.name in input_values:
+                self.values[declared.name] = self.constant(input_values[declared.name],
+                                                           declared.name)
+            else:
+                self.values[declared.name] = self.graph.add_input(declared.name,
+                                                                  input_types[declared.name])
+        for init in onnx_graph.initializer:
+            self.values[init.name] = self.constant(
+                tensor_from_proto(init, f"initializer {init.name!r}"), init.name)
+        for node in topological_order(onnx_graph, set(self.values)):
+            self.node = node
+            self._lower_node(node)
+        self.node = None
+        outputs = []
+        for out in onnx_graph.output:
+            if out.name not in self.values:
+                raise OnnxError(f"graph output {out.name!r} is not produced by any node")
+            outputs.append(self.values[out.name])
+        self.graph.outputs = outputs
+        self.graph.remove_dead()
+        return self.graph
+
+    def _lower_node(self, node: onnx.NodeProto) -> None:
+        if node.domain not in ("", "ai.onnx"):
+            raise OnnxUnsupported(f"{where(node)}: operator domain {node.domain!r} is not supported")
+        handler = HANDLERS.get(node.op_type)
+        if handler is None:
+            raise OnnxUnsupported(f"{where(node)}: ONNX operator {node.op_type!r} is not supported")
+        inputs = [self.values[name] if name else None for name in node.input]
+        outputs = handler(self, node, inputs, attributes(node))
+        for name, value in zip(node.output, outputs):
+            if name:
+                if value is None:
+                    raise OnnxUnsupported(f"{where(node)}: output {name!r} is not supported")
+                self.values[name] = value
+        if len([n for n in node.output if n]) > len(outputs):
+            raise OnnxUnsupported(f"{where(node)}: only its first {len(outputs)} output(s) "
+                                  f"are supported")

@@ -1,0 +1,122 @@
+"""Reading ONNX files: protobuf, external data and opset, with clear errors."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import onnx
+
+from .errors import OnnxError, OnnxUnsupported
+
+MIN_OPSET = 13  # older default-domain opsets go through onnx's version converter
+
+
+def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto") -> onnx.ModelProto:
+    """An in-memory ModelProto (external data loaded), at opset >= 13 in the default domain."""
+    if isinstance(source, onnx.ModelProto):
+        model, label, base_dir = source, "the ONNX model", None
+    elif isinstance(source, (bytes, bytearray)):
+        model, label, base_dir = _parse(bytes(source), "the ONNX bytes"), "the ONNX bytes", None
+    else:
+        path = Path(source)
+        label, base_dir = str(path), path.parent
+        if not path.is_file():
+            raise OnnxError(f"{path}: no such file")
+        model = _parse(path.read_bytes(), label)
+    _check_structure(model, label)
+    if base_dir is not None:
+        _load_external_data(model, base_dir, label)
+    elif any(_is_external(t) for t in _all_tensors(model.graph)):
+        raise OnnxError(f"{label} refers to external data files; load it from its path")
+    return _upgrade_opset(model, label)
+
+
+def _parse(data: bytes, label: str) -> onnx.ModelProto:
+    model = onnx.ModelProto()
+    try:
+        model.ParseFromString(data)
+    except Exception as error:  # protobuf's DecodeError and friends
+        raise OnnxError(f"{label} is not a valid ONNX file (protobuf could not decode it: "
+                        f"{error}); is it truncated or another format?") from None
+    return model
+
+
+def _check_structure(model: onnx.ModelProto, label: str) -> None:
+    if model.ir_version <= 0 or not model.HasField("graph"):
+        raise OnnxError(f"{label} is not an ONNX model (no IR version or no graph)")
+    if not model.graph.output:
+        raise OnnxError(f"{label}: the graph declares no outputs")
+
+
+def _all_tensors(graph: onnx.GraphProto):
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_tensors(attr.g)
+
+
+def _is_external(tensor: onnx.TensorProto) -> bool:
+    return tensor.data_location == onnx.TensorProto.EXTERNAL
+
+
+def _load_external_data(model: onnx.ModelProto, base_dir: Path, label: str) -> None:
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    for tensor in _all_tensors(model.graph):
+        if not _is_external(tensor):
+            continue
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        location = info.get("location", "")
+        path = (base_dir / location).resolve()
+        if not location or not path.is_file():
+            raise OnnxError(f"{label}: external data file {location!r} of tensor {tensor.name!r} "
+                            f"is missing (looked in {base_dir})")
+        if base_dir.resolve() not in path.parents:
+            raise OnnxError(f"{label}: external data of tensor {tensor.name!r} points outside the "
+                            f"model's folder ({location!r})")
+        try:
+            load_external_data_for_tensor(tensor, str(base_dir))
+        except Exception as error:
+            raise OnnxError(f"{label}: cannot read external data of tensor {tensor.name!r} from "
+                            f"{location!r}: {error}") from None
+        expected = _expected_bytes(tensor)
+        if expected is not None and len(tensor.raw_data) != expected:
+            raise OnnxError(f"{label}: external data of tensor {tensor.name!r} in {location!r} "
+                            f"has {len(tensor.raw_data)} bytes, expected {expected} (truncated?)")
+        del tensor.external_data[:]
+        tensor.data_location = onnx.TensorProto.DEFAULT
+
+
+def _expected_bytes(tensor: onnx.TensorProto) -> int | None:
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except Exception:
+        return None
+    count = 1
+    for d in tensor.dims:
+        count *= d
+    return count * itemsize
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for entry in model.opset_import:
+        if entry.domain in ("", "ai.onnx"):
+            return entry.version
+    return 1  # no default-domain import: the spec's default
+
+
+def _upgrade_opset(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
+    version = default_opset(model)
+    if version >= MIN_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, MIN_OPSET)
+    except Exception as error:
+        raise OnnxUnsupported(f"{label} uses opset {version}; opweave reads opset {MIN_OPSET} and "
+                              f"newer, and onnx's version converter could not upgrade it: "
+                              f"{str(error).strip().splitlines()[-1][:300]}") from None

@@ -1,0 +1,164 @@
+"""`opweave.from_onnx`: an ONNX model as a callable, specialized to each input shape."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import onnx
+import torch
+
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from ..runtime.executor import Executor
+from .arrays import to_numpy, to_tensor
+from .errors import OnnxError, OnnxUnsupported, where
+from .importer import DeclaredInput, Lowering, declared_inputs, value_inputs
+from .load import default_opset, load_model
+from . import ops  # noqa: F401  (registers the operator handlers)
+
+
+@dataclass
+class _Specialization:
+    graph: Graph
+    executor: Executor
+    runtime_inputs: list[str]  # the inputs the graph takes (value inputs are folded in)
+
+
+class OnnxModel:
+    """Call with arrays (numpy or torch), positionally or by input name; returns the outputs
+    as a list, numpy arrays for numpy inputs and tensors for tensors.
+
+    Symbolic dims (`dim_param`) are bound from the inputs of each call; each distinct set
+    of shapes is lowered and compiled once.
+    """
+
+    def __init__(self, source, name: str | None = None):
+        self.model: onnx.ModelProto = load_model(source)
+        self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
+                              else self.model.graph.name or "onnx")
+        self.opset = default_opset(self.model)
+        self.inputs: list[DeclaredInput] = declared_inputs(self.model.graph)
+        self.input_names = [d.name for d in self.inputs]
+        self.output_names = [o.name for o in self.model.graph.output]
+        self._cache: dict[tuple, _Specialization] = {}
+        self.value_inputs = value_inputs(self.model.graph)
+        self._check_ops()
+
+    def _check_ops(self) -> None:
+        """Refuse a model with an unsupported operator when it is loaded, not when run."""
+        from .importer import HANDLERS
+
+        for node in self.model.graph.node:
+            if node.domain not in ("", "ai.onnx"):
+                raise OnnxUnsupported(f"{self.label}: {where(node)}: operator domain "
+                                      f"{node.domain!r} is not supported")
+            if node.op_type not in HANDLERS:
+                raise OnnxUnsupported(f"{self.label}: {where(node)}: ONNX operator "
+                                      f"{node.op_type!r} is not supported")
+
+    # -- shapes --------------------------------------------------------------------------
+    def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
+        """Symbol values from concrete input shapes; OnnxError naming any mismatch."""
+        symbols: dict[str, tuple[int, str]] = {}
+        for declared in self.inputs:
+            shape = shapes[declared.name]
+            if declared.dims is None:
+                continue
+            if len(shape) != len(declared.dims):
+                raise OnnxError(f"{self.label}: input {declared.name!r} has rank {len(shape)}, "
+                                f"the model declares {len(declared.dims)} {list(declared.dims)}")
+            for axis, (dim, size) in enumerate(zip(declared.dims, shape)):
+                if isinstance(dim, int) and dim > 0 and dim != size:
+                    raise OnnxError(f"{self.label}: input {declared.name!r} dim {axis} is {size}, "
+                                    f"the model declares {dim}")
+                if isinstance(dim, str):
+                    if dim in symbols and symbols[dim][0] != size:
+                        seen, where = symbols[dim]
+                        raise OnnxError(f"{self.label}: dimension {dim!r} is {size} in input "
+                                        f"{declared.name!r} (dim {axis}) but {seen} in {where}")
+                    symbols.setdefault(dim, (size, f"input {declared.name!r} (dim {axis})"))
+        return {k: v for k, (v, _) in symbols.items()}
+
+    def input_types(self, dims: dict[str, int] | None = None) -> dict[str, TensorType]:
+        """Concrete input types from declared shapes, with `dims` for the symbols; an
+        OnnxError names any dimension left unknown."""
+        dims = dims or {}
+        types = {}
+        for declared in self.inputs:
+            if declared.dims is None:
+                raise OnnxError(f"{self.label}: input {declared.name!r} has no declared shape; "
+                                f"give an input array")
+            shape = []
+            for axis, dim in enumerate(declared.dims):
+                if isinstance(dim, int) and dim > 0:
+                    shape.append(dim)
+                elif isinstance(dim, str) and dim in dims:
+                    shape.append(dims[dim])
+                else:
+                    label = repr(dim) if dim else "unnamed"
+                    raise OnnxError(f"{self.label}: dimension {label} (input {declared.name!r}, "
+                                    f"dim {axis}) is not known; give its size")
+            types[declared.name] = TensorType(tuple(shape), declared.dtype)
+        return types
+
+    # -- compiling and running ----------------------------------------------------------------
+    def specialize(self, types: dict[str, TensorType],
+                   values: dict[str, torch.Tensor] | None = None) -> _Specialization:
+        values = values or {}
+        missing = self.value_inputs - set(values)
+        if missing:
+            raise OnnxError(f"{self.label}: input(s) {', '.join(sorted(missing))} set shapes or "
+                            f"axes; give their values to build the graph")
+        key = tuple((n, types[n].shape, types[n].dtype) for n in self.input_names) + \
+            tuple((n, tuple(values[n].reshape(-1).tolist())) for n in sorted(values))
+        if key not in self._cache:
+            lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx")
+            graph = lowering.lower(types, values)
+            runtime = [n for n in self.input_names if n not in values]
+            self._cache[key] = _Specialization(graph, Executor(graph), runtime)
+        return self._cache[key]
+
+    def graph(self, dims: dict[str, int] | None = None,
+              values: dict | None = None) -> Graph:
+        """The IR graph for the declared shapes (with `dims` for symbolic dims, and
+        `values` for the inputs in `value_inputs`)."""
+        values = {n: to_tensor(v, f"input {n!r}") for n, v in (values or {}).items()}
+        return self.specialize(self.input_types(dims), values).graph
+
+    def __call__(self, *args, **kwargs):
+        arrays = self._arguments(args, kwargs)
+        as_numpy = not any(isinstance(a, torch.Tensor) for a in arrays.values())
+        tensors = {}
+        for declared in self.inputs:
+            tensor = to_tensor(arrays[declared.name], f"{self.label}: input {declared.name!r}")
+            if tensor.dtype != declared.dtype:
+                raise OnnxError(f"{self.label}: input {declared.name!r} has dtype {tensor.dtype}, "
+                                f"the model declares {declared.dtype}")
+            tensors[declared.name] = tensor
+        self.bind({n: tuple(t.shape) for n, t in tensors.items()})
+        types = {n: TensorType(tuple(t.shape), t.dtype) for n, t in tensors.items()}
+        spec = self.specialize(types, {n: tensors[n] for n in self.value_inputs})
+        outputs = spec.executor(*[tensors[n] for n in spec.runtime_inputs])
+        return [to_numpy(o) for o in outputs] if as_numpy else list(outputs)
+
+    def _arguments(self, args, kwargs) -> dict:
+        if len(args) > len(self.input_names):
+            raise OnnxError(f"{self.label}: {len(args)} inputs given, the model has "
+                            f"{len(self.input_names)} ({', '.join(self.input_names)})")
+        arrays = dict(zip(self.input_names, args))
+        for name, value in kwargs.items():
+            if name not in self.input_names:
+                raise OnnxError(f"{self.label}: no input named {name!r}; inputs: "
+                                f"{', '.join(self.input_names)}")
+            if name in arrays:
+                raise OnnxError(f"{self.label}: input {name!r} given twice")
+            arrays[name] = value
+        missing = [n for n in self.input_names if n not in arrays]
+        if missing:
+            raise OnnxError(f"{self.label}: missing input(s) {', '.join(missing)}")
+        return arrays
+
+
+def from_onnx(source, name: str | None = None) -> OnnxModel:
+    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable."""
+    return OnnxModel(source, name=name)

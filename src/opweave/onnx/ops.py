@@ -1,0 +1,652 @@
+"""ONNX operators -> IR ops. Each handler gets the lowering, the node, its input Values
+(None for omitted optional inputs) and its attributes, and returns its output Values.
+
+A handler raises OnnxUnsupported for any attribute value or type it does not implement
+exactly, so that an imported model is either right or refused, never silently wrong.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..ir import dtypes
+from .errors import OnnxUnsupported, where
+from .importer import Lowering, handles, torch_dtype
+
+FLOATS = dtypes.FLOAT_DTYPES
+
+
+def _refuse(low: Lowering, why: str):
+    raise OnnxUnsupported(f"{where(low.node)}: {why}")
+
+
+def _axis(low, axis: int, rank: int) -> int:
+    if not -rank <= axis < max(rank, 1):
+        _refuse(low, f"axis {axis} is out of range for rank {rank}")
+    return axis % rank if rank else 0
+
+
+def _need_float(low, value, what="input"):
+    if value.type.dtype not in FLOATS:
+        _refuse(low, f"{what} has type {value.type.dtype}; only floating point is supported")
+
+
+# -- elementwise -----------------------------------------------------------------------------
+
+_UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
+          "Reciprocal": "reciprocal", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf",
+          "Relu": "relu", "Sin": "sin", "Cos": "cos"}
+_FLOAT_UNARY = {"Exp", "Log", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Erf", "Sin", "Cos"}
+
+
+@handles(*_UNARY)
+def _unary(low, node, ins, attrs):
+    if node.op_type in _FLOAT_UNARY:
+        _need_float(low, ins[0])
+    if node.op_type in ("Neg", "Abs", "Relu") and ins[0].type.dtype in (torch.bool, torch.uint8):
+        _refuse(low, f"{node.op_type} of {ins[0].type.dtype} is not supported")
+    return [low.emit1(_UNARY[node.op_type], [ins[0]])]
+
+
+@handles("Not")
+def _not(low, node, ins, attrs):
+    return [low.emit1("logical_not", [ins[0]])]
+
+
+_BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt",
+           "LessOrEqual": "le", "Greater": "gt", "GreaterOrEqual": "ge", "And": "logical_and",
+           "Or": "logical_or", "Xor": "ne"}
+
+
+@handles(*_BINARY)
+def _binary(low, node, ins, attrs):
+    a, b = ins
+    if a.type.dtype != b.type.dtype:
+        _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
+    if node.op_type in ("Add", "Sub", "Mul") and a.type.dtype in (torch.bool,):
+        _refuse(low, "arithmetic on bool")
+    if node.op_type in ("Add", "Sub", "Mul") and a.type.dtype in dtypes.INT_DTYPES \
+            and a.type.dtype != torch.int64 and a.type.dtype != torch.int32:
+        _refuse(low, f"{node.op_type} of {a.type.dtype} wraps differently in ONNX")
+    return [low.emit1(_BINARY[node.op_type], [a, b])]
+
+
+@handles("Div")
+def _div(low, node, ins, attrs):
+    a, b = ins
+    if a.type.dtype != b.type.dtype:
+        _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
+    if a.type.dtype in FLOATS:
+        return [low.emit1("div", [a, b])]
+    if a.type.dtype in (torch.int64, torch.int32):
+        return [low.emit1("div", [a, b], {"rounding": "trunc"})]
+    _refuse(low, f"Div of {a.type.dtype} is not supported")
+
+
+@handles("Pow")
+def _pow(low, node, ins, attrs):
+    x, y = ins
+    _need_float(low, x, "the base")
+    if y.type.dtype != x.type.dtype:
+        y = low.emit1("cast", [y], {"dtype": x.type.dtype})
+    return [low.emit1("pow", [x, y])]
+
+
+@handles("Max", "Min", "Sum", "Mean")
+def _variadic(low, node, ins, attrs):
+    if not ins or any(v is None for v in ins):
+        _refuse(low, "needs at least one input")
+    if any(v.type.dtype != ins[0].type.dtype for v in ins):
+        _refuse(low, "inputs of different types")
+    if node.op_type in ("Sum", "Mean"):
+        _need_float(low, ins[0])
+    op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
+    result = ins[0]
+    if len(ins) == 1:  # a single input still broadcasts nothing: identity
+        return [result]
+    for other in ins[1:]:
+        result = low.emit1(op, [result, other])
+    if node.op_type == "Mean":
+        result = low.emit1("div", [result, low.scalar(len(ins), result)])
+    return [result]
+
+
+@handles("Where")
+def _where(low, node, ins, attrs):
+    cond, a, b = ins
+    if a.type.dtype != b.type.dtype:
+        _refuse(low, "branches of different types")
+    return [low.emit1("where", [cond, a, b])]
+
+
+@handles("Cast")
+def _cast(low, node, ins, attrs):
+    target = torch_dtype(attrs["to"], f"{where(node)} target")
+    source = ins[0].type.dtype
+    if source in FLOATS and target in dtypes.INT_DTYPES + (torch.bool,):
+        _refuse(low, "float to integer casts differ for NaN and out-of-range values")
+    if source == target:
+        return [ins[0]]
+    return [low.emit1("cast", [ins[0]], {"dtype": target})]
+
+
+@handles("CastLike")
+def _cast_like(low, node, ins, attrs):
+    target = ins[1].type.dtype
+    if ins[0].type.dtype in FLOATS and target in dtypes.INT_DTYPES + (torch.bool,):
+        _refuse(low, "float to integer casts differ for NaN and out-of-range values")
+    if ins[0].type.dtype == target:
+        return [ins[0]]
+    return [low.emit1("cast", [ins[0]], {"dtype": target})]
+
+
+@handles("Identity")
+def _identity(low, node, ins, attrs):
+    return [ins[0]]
+
+
+@handles("Dropout")
+def _dropout(low, node, ins, attrs):
+    training = ins[2] if len(ins) > 2 else None
+    if training is not None and bool(low.require_const(training, "training_mode").item()):
+        _refuse(low, "training-mode dropout is not supported")
+    mask = None
+    if len([o for o in node.output if o]) > 1:
+        mask = low.constant(torch.ones(ins[0].type.shape, dtype=torch.bool), "mask")
+    return [ins[0], mask]
+
+
+@handles("IsNaN")
+def _isnan(low, node, ins, attrs):
+    _need_float(low, ins[0])
+    return [low.emit1("ne", [ins[0], ins[0]])]
+
+
+@handles("IsInf")
+def _isinf(low, node, ins, attrs):
+    x = ins[0]
+    _need_float(low, x)
+    pos, neg = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
+    checks = ([low.emit1("eq", [x, low.scalar(math.inf, x)])] if pos else []) + \
+             ([low.emit1("eq", [x, low.scalar(-math.inf, x)])] if neg else [])
+    if not checks:
+        return [low.constant(torch.zeros(x.type.shape, dtype=torch.bool), "false")]
+    return [checks[0] if len(checks) == 1 else low.emit1("logical_or", checks)]
+
+
+@handles("Clip")
+def _clip(low, node, ins, attrs):
+    x = ins[0]
+    if x.type.dtype == torch.bool:
+        _refuse(low, "Clip of bool")
+    lo = ins[1] if len(ins) > 1 else None
+    hi = ins[2] if len(ins) > 2 else None
+    if lo is not None:
+        x = low.emit1("maximum", [x, lo])
+    if hi is not None:
+        x = low.emit1("minimum", [x, hi])
+    return [x]
+
+
+@handles("Gelu")
+def _gelu(low, node, ins, attrs):
+    _need_float(low, ins[0])
+    approximate = attrs.get("approximate", "none")
+    if approximate not in ("none", "tanh"):
+        _refuse(low, f"approximate={approximate!r}")
+    return [low.emit1("gelu", [ins[0]], {"approximate": approximate})]
+
+
+@handles("LeakyRelu", "PRelu", "ThresholdedRelu", "Elu", "Selu", "Celu", "HardSigmoid",
+         "HardSwish", "Softsign")
+def _activation(low, node, ins, attrs):
+    """Composite activations; half-precision inputs are computed in float32 and rounded
+    once at the end, as the ONNX reference does."""
+    x = ins[0]
+    _need_float(low, x)
+    if x.type.dtype in (torch.float16, torch.bfloat16):
+        wide = [low.emit1("cast", [v], {"dtype": torch.float32}) if v is not None else None
+                for v in ins]
+        out = _activation_f32(low, node, wide, attrs)
+        return [low.emit1("cast", [out], {"dtype": x.type.dtype})]
+    return [_activation_f32(low, node, ins, attrs)]
+
+
+def _activation_f32(low, node, ins, attrs):
+    x = ins[0]
+    s = lambda v: low.scalar(v, x)
+    e = low.emit1
+    op = node.op_type
+    if op == "LeakyRelu":
+        return e("where", [e("lt", [x, s(0.0)]), e("mul", [x, s(attrs.get("alpha", 0.01))]), x])
+    if op == "PRelu":
+        if ins[1].type.dtype != x.type.dtype:
+            _refuse(low, "slope of another type")
+        return e("where", [e("lt", [x, s(0.0)]), e("mul", [x, ins[1]]), x])
+    if op == "ThresholdedRelu":
+        return e("where", [e("gt", [x, s(attrs.get("alpha", 1.0))]), x, s(0.0)])
+    if op in ("Elu", "Selu", "Celu"):
+        alpha = attrs.get("alpha", {"Elu": 1.0, "Selu": 1.6732632423543772, "Celu": 1.0}[op])
+        if op == "Celu":  # max(0,x) + min(0, alpha*(exp(x/alpha)-1))
+            neg = e("mul", [e("sub", [e("exp", [e("div", [x, s(alpha)])]), s(1.0)]), s(alpha)])
+        else:
+            neg = e("mul", [e("sub", [e("exp", [x]), s(1.0)]), s(alpha)])
+        out = e("where", [e("gt", [x, s(0.0)]), x, neg])
+        if op == "Selu":
+            out = e("mul", [out, s(attrs.get("gamma", 1.0507009873554805))])
+        return out
+    if op in ("HardSigmoid", "HardSwish"):
+        alpha, beta = (attrs.get("alpha", 0.2), attrs.get("beta", 0.5)) if op == "HardSigmoid" \
+            else (1 / 6, 0.5)
+        hs = e("clamp", [e("add", [e("mul", [x, s(alpha)]), s(beta)])], {"min": 0.0, "max": 1.0})
+        return hs if op == "HardSigmoid" else e("mul", [x, hs])
+    # Softsign
+    return e("div", [x, e("add", [e("abs", [x]), s(1.0)])])
+
+
+# -- linear algebra --------------------------------------------------------------------------
+
+@handles("MatMul")
+def _matmul(low, node, ins, attrs):
+    """numpy matmul: 1-d operands gain a dim that is dropped from the result."""
+    a, b = ins
+    _need_float(low, a)
+    if a.type.rank == 0 or b.type.rank == 0:
+        _refuse(low, "MatMul of a scalar")
+    a2 = low.emit1("reshape", [a], {"shape": [1, a.type.shape[0]]}) if a.type.rank == 1 else a
+    b2 = low.emit1("reshape", [b], {"shape": [b.type.shape[0], 1]}) if b.type.rank == 1 else b
+    out = low.emit1("matmul", [a2, b2])
+    if a.type.rank == 1 or b.type.rank == 1:
+        shape = list(out.type.shape)
+        if b.type.rank == 1:
+            shape.pop(-1)
+        if a.type.rank == 1:
+            shape.pop(-1 if b.type.rank == 1 else -2)
+        out = low.emit1("reshape", [out], {"shape": shape})
+    return [out]
+
+
+@handles("Gemm")
+def _gemm(low, node, ins, attrs):
+    a, b = ins[0], ins[1]
+    c = ins[2] if len(ins) > 2 else None
+    _need_float(low, a)
+    if attrs.get("transA", 0):
+        a = low.emit1("permute", [a], {"dims": [1, 0]})
+    if attrs.get("transB", 0):
+        b = low.emit1("permute", [b], {"dims": [1, 0]})
+    y = low.emit1("matmul", [a, b])
+    alpha, beta = attrs.get("alpha", 1.0), attrs.get("beta", 1.0)
+    if alpha != 1.0:
+        y = low.emit1("mul", [y, low.scalar(alpha, y)])
+    if c is not None and beta != 0.0:
+        if beta != 1.0:
+            c = low.emit1("mul", [c, low.scalar(beta, c)])
+        y = low.emit1("add", [y, c])
+    return [y]
+
+
+def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations) -> list[int]:
+    """Symmetric padding per spatial dim, from pads or auto_pad (asymmetric is refused)."""
+    auto_pad = attrs.get("auto_pad", "NOTSET")
+    if auto_pad in ("NOTSET", ""):
+        pads = list(attrs.get("pads", [0] * (2 * spatial)))
+    elif auto_pad == "VALID":
+        pads = [0] * (2 * spatial)
+    elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for size, k, s, d in zip(in_shape, kernel, strides, dilations):
+            out = -(-size // s)
+            total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+            small, big = total // 2, total - total // 2
+            begin.append(small if auto_pad == "SAME_UPPER" else big)
+            end.append(big if auto_pad == "SAME_UPPER" else small)
+        pads = begin + end
+    else:
+        _refuse(low, f"auto_pad={auto_pad!r}")
+    if pads[:spatial] != pads[spatial:]:
+        _refuse(low, f"asymmetric padding {pads}")
+    return pads[:spatial]
+
+
+@handles("Conv")
+def _conv(low, node, ins, attrs):
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    _need_float(low, x)
+    spatial = x.type.rank - 2
+    if spatial not in (1, 2, 3):
+        _refuse(low, f"{spatial}-d convolution")
+    kernel = list(attrs.get("kernel_shape", w.type.shape[2:]))
+    strides = list(attrs.get("strides", [1] * spatial))
+    dilations = list(attrs.get("dilations", [1] * spatial))
+    padding = _pads(low, attrs, spatial, x.type.shape[2:], kernel, strides, dilations)
+    conv_attrs = {"stride": strides, "padding": padding, "dilation": dilations,
+                  "groups": attrs.get("group", 1)}
+    return [low.emit1("conv", [x, w] + ([bias] if bias is not None else []), conv_attrs)]
+
+
+@handles("MaxPool")
+def _max_pool(low, node, ins, attrs):
+    x = ins[0]
+    _need_float(low, x)
+    if x.type.rank != 4:
+        _refuse(low, f"{x.type.rank - 2}-d max pooling (2-d only)")
+    if len([o for o in node.output if o]) > 1:
+        _refuse(low, "the Indices output")
+    if attrs.get("storage_order", 0):
+        _refuse(low, "storage_order=1")
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1, 1]))
+    dilations = list(attrs.get("dilations", [1, 1]))
+    padding = _pads(low, attrs, 2, x.type.shape[2:], kernel, strides, dilations)
+    if any(p > k // 2 for p, k in zip(padding, kernel)):
+        _refuse(low, f"padding {padding} wider than half the kernel {kernel}")
+    return [low.emit1("max_pool2d", [x], {"kernel": kernel, "stride": strides,
+                                          "padding": padding, "dilation": dilations,
+                                          "ceil_mode": bool(attrs.get("ceil_mode", 0))})]
+
+
+@handles("GlobalAveragePool", "GlobalMaxPool")
+def _global_pool(low, node, ins, attrs):
+    x = ins[0]
+    _need_float(low, x)
+    dims = list(range(2, x.type.rank))
+    if any(x.type.shape[d] == 0 for d in dims):
+        _refuse(low, "pooling over an empty window")
+    op = "mean" if node.op_type == "GlobalAveragePool" else "amax"
+    return [low.emit1(op, [x], {"dims": dims, "keepdim": True})]
+
+
+@handles("BatchNormalization")
+def _batch_norm(low, node, ins, attrs):
+    if attrs.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
+        _refuse(low, "training-mode batch normalization")
+    x, scale, bias, mean, var = ins
+    _need_float(low, x)
+    if len({v.type.dtype for v in ins}) != 1:
+        _refuse(low, "mixed element types")
+    return [low.emit1("batch_norm", [x, scale, bias, mean, var],
+                      {"eps": attrs.get("epsilon", 1e-5)})]
+
+
+@handles("LayerNormalization")
+def _layer_norm(low, node, ins, attrs):
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    _need_float(low, x)
+    axis = _axis(low, attrs.get("axis", -1), x.type.rank)
+    normalized = list(x.type.shape[axis:])
+    wanted = len([o for o in node.output if o])
+    if wanted > 1 and (x.type.dtype != torch.float32 or attrs.get("stash_type", 1) != 1):
+        _refuse(low, "Mean/InvStdDev outputs other than float32")
+    ones = lambda: low.constant(torch.ones(normalized, dtype=x.type.dtype), "ones")
+    zeros = lambda: low.constant(torch.zeros(normalized, dtype=x.type.dtype), "zeros")
+    direct = list(scale.type.shape) == normalized and (
+        bias is None or list(bias.type.shape) == normalized)
+    weight = scale if direct else ones()
+    shift = (bias if bias is not None else zeros()) if direct else zeros()
+    out, mean, rstd = low.emit("layer_norm", [x, weight, shift],
+                               {"normalized_shape": normalized, "eps": attrs.get("epsilon", 1e-5)})
+    if not direct:
+        out = low.emit1("mul", [out, scale])
+        if bias is not None:
+            out = low.emit1("add", [out, bias])
+    return [out, mean, rstd]
+
+
+@handles("Softmax", "LogSoftmax")
+def _softmax(low, node, ins, attrs):
+    x = ins[0]
+    _need_float(low, x)
+    dim = _axis(low, attrs.get("axis", -1), x.type.rank)
+    op = "softmax" if node.op_type == "Softmax" else "log_softmax"
+    return [low.emit1(op, [x], {"dim": dim})]
+
+
+# -- reductions ------------------------------------------------------------------------------
+
+_REDUCE = {"ReduceSum": "sum", "ReduceMean": "mean", "ReduceMax": "amax", "ReduceMin": "amin"}
+# opset at which `axes` moved from an attribute to an input
+_AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "ReduceMin": 18}
+
+
+@handles(*_REDUCE)
+def _reduce(low, node, ins, attrs):
+    x = ins[0]
+    if x.type.dtype not in FLOATS:
+        _refuse(low, f"{node.op_type} of {x.type.dtype}")
+    if low.opset >= _AXES_INPUT_SINCE[node.op_type]:
+        axes = low.ints(ins[1], "axes") if len(ins) > 1 and ins[1] is not None else []
+    else:
+        axes = list(attrs.get("axes", []))
+    if not axes and attrs.get("noop_with_empty_axes", 0):
+        return [x]
+    dims = sorted({_axis(low, a, x.type.rank) for a in axes}) if axes else list(range(x.type.rank))
+    if any(x.type.shape[d] == 0 for d in dims) or (x.type.rank == 0):
+        _refuse(low, "reduction over an empty set or a scalar")
+    return [low.emit1(_REDUCE[node.op_type], [x],
+                      {"dims": dims, "keepdim": bool(attrs.get("keepdims", 1))})]
+
+
+# -- shapes ----------------------------------------------------------------------------------
+
+@handles("Shape")
+def _shape(low, node, ins, attrs):
+    shape = list(ins[0].type.shape)
+    rank = len(shape)
+    start = attrs.get("start", 0)
+    end = attrs.get("end", rank)
+    start = min(max(start + rank if start < 0 else start, 0), rank)
+    end = min(max(end + rank if end < 0 else end, 0), rank)
+    return [low.constant(torch.tensor(shape[start:end], dtype=torch.int64), "shape")]
+
+
+@handles("Size")
+def _size(low, node, ins, attrs):
+    return [low.constant(torch.tensor(ins[0].type.numel, dtype=torch.int64), "size")]
+
+
+@handles("Constant")
+def _constant(low, node, ins, attrs):
+    from .importer import tensor_from_proto
+
+    if "value" in attrs:
+        return [low.constant(tensor_from_proto(attrs["value"], where(node)), "const")]
+    for key, dtype in (("value_float", torch.float32), ("value_floats", torch.float32),
+                       ("value_int", torch.int64), ("value_ints", torch.int64)):
+        if key in attrs:
+            return [low.constant(torch.tensor(attrs[key], dtype=dtype), "const")]
+    _refuse(low, f"constant kind {sorted(attrs)}")
+
+
+@handles("ConstantOfShape")
+def _constant_of_shape(low, node, ins, attrs):
+    from .importer import tensor_from_proto
+
+    shape = low.ints(ins[0], "the shape")
+    fill = tensor_from_proto(attrs["value"], where(node)) if "value" in attrs \
+        else torch.zeros(1, dtype=torch.float32)
+    return [low.emit1("full", [], {"shape": shape, "value": fill.reshape(-1)[0].item(),
+                                   "dtype": fill.dtype})]
+
+
+@handles("Range")
+def _range(low, node, ins, attrs):
+    start, limit, delta = (low.require_const(v, "Range bounds") for v in ins)
+    if delta.item() == 0:
+        _refuse(low, "delta of zero")
+    count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
+    values = start + delta * torch.arange(count, dtype=start.dtype)
+    return [low.constant(values.to(start.dtype), "range")]
+
+
+@handles("Reshape")
+def _reshape(low, node, ins, attrs):
+    x = ins[0]
+    target = low.ints(ins[1], "the target shape")
+    allowzero = attrs.get("allowzero", 0)
+    shape = [x.type.shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
+    if shape.count(-1) > 1:
+        _refuse(low, f"target shape {target} has several -1")
+    if -1 in shape:
+        known = math.prod(d for d in shape if d != -1)
+        if known == 0:
+            _refuse(low, f"cannot infer -1 in {target} with a zero-size dim")
+        shape[shape.index(-1)] = x.type.numel // known
+    return [low.emit1("reshape", [x], {"shape": shape})]
+
+
+@handles("Flatten")
+def _flatten(low, node, ins, attrs):
+    x = ins[0]
+    rank = x.type.rank
+    axis = attrs.get("axis", 1)
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        _refuse(low, f"axis {attrs.get('axis')} out of range")
+    shape = [math.prod(x.type.shape[:axis]), math.prod(x.type.shape[axis:])]
+    return [low.emit1("reshape", [x], {"shape": shape})]
+
+
+@handles("Squeeze", "Unsqueeze")
+def _squeeze(low, node, ins, attrs):
+    x = ins[0]
+    axes = low.ints(ins[1], "axes") if len(ins) > 1 and ins[1] is not None \
+        else list(attrs.get("axes", []))
+    shape = list(x.type.shape)
+    if node.op_type == "Squeeze":
+        dims = {_axis(low, a, len(shape)) for a in axes} if axes else \
+            {i for i, d in enumerate(shape) if d == 1}
+        if any(shape[d] != 1 for d in dims):
+            _refuse(low, f"squeezing a dim that is not 1 (axes {axes} of {shape})")
+        new = [d for i, d in enumerate(shape) if i not in dims]
+    else:
+        rank = len(shape) + len(axes)
+        dims = sorted(_axis(low, a, rank) for a in axes)
+        if len(set(dims)) != len(dims):
+            _refuse(low, f"repeated axes {axes}")
+        new, it = [], iter(shape)
+        for i in range(rank):
+            new.append(1 if i in dims else next(it))
+    return [low.emit1("reshape", [x], {"shape": new})]
+
+
+@handles("Transpose")
+def _transpose(low, node, ins, attrs):
+    rank = ins[0].type.rank
+    perm = list(attrs.get("perm", reversed(range(rank))))
+    return [low.emit1("permute", [ins[0]], {"dims": perm})]
+
+
+@handles("Expand")
+def _expand(low, node, ins, attrs):
+    x = ins[0]
+    target = low.ints(ins[1], "the shape")
+    rank = max(len(target), x.type.rank)
+    a = [1] * (rank - x.type.rank) + list(x.type.shape)
+    b = [1] * (rank - len(target)) + target
+    out = []
+    for p, q in zip(a, b):
+        if p != q and 1 not in (p, q):
+            _refuse(low, f"cannot broadcast {list(x.type.shape)} to {target}")
+        out.append(q if p == 1 else p)
+    return [low.emit1("expand", [x], {"shape": out})]
+
+
+@handles("Concat")
+def _concat(low, node, ins, attrs):
+    values = [v for v in ins if v is not None]
+    axis = _axis(low, attrs["axis"], values[0].type.rank)
+    if len(values) == 1:
+        return [values[0]]
+    return [low.emit1("cat", values, {"dim": axis})]
+
+
+@handles("Split")
+def _split(low, node, ins, attrs):
+    x = ins[0]
+    axis = _axis(low, attrs.get("axis", 0), x.type.rank)
+    size = x.type.shape[axis]
+    count = len(node.output)
+    if len(ins) > 1 and ins[1] is not None:
+        sizes = low.ints(ins[1], "split sizes")
+    elif "split" in attrs:
+        sizes = list(attrs["split"])
+    else:
+        n = attrs.get("num_outputs", count)
+        chunk = -(-size // n)
+        sizes = [min(chunk, size - i * chunk) for i in range(n)]
+    if sum(sizes) != size or len(sizes) != count:
+        _refuse(low, f"split sizes {sizes} do not cover dim {axis} of size {size} in {count} parts")
+    outs, start = [], 0
+    for s in sizes:
+        outs.append(low.emit1("slice", [x], {"dim": axis, "start": start, "end": start + s, "step": 1}))
+        start += s
+    return outs
+
+
+@handles("Slice")
+def _slice(low, node, ins, attrs):
+    x = ins[0]
+    starts = low.ints(ins[1], "starts")
+    ends = low.ints(ins[2], "ends")
+    rank = x.type.rank
+    axes = low.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = low.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    for start, end, axis, step in zip(starts, ends, axes, steps):
+        if step <= 0:
+            _refuse(low, "negative or zero steps")
+        dim = _axis(low, axis, rank)
+        size = x.type.shape[dim]
+        start = min(max(start + size if start < 0 else start, 0), size)
+        end = min(max(end + size if end < 0 else end, 0), size)
+        end = max(end, start)
+        x = low.emit1("slice", [x], {"dim": dim, "start": start, "end": end, "step": step})
+    return [x]
+
+
+def _normalized_indices(low, indices, size: int):
+    """ONNX indices may be negative (counting from the end)."""
+    if indices.type.dtype not in (torch.int64, torch.int32):
+        _refuse(low, f"indices of type {indices.type.dtype}")
+    if indices.type.dtype != torch.int64:
+        indices = low.emit1("cast", [indices], {"dtype": torch.int64})
+    known = low.const_of(indices)
+    if known is not None:
+        if known.numel() and (known.min() < -size or known.max() >= size):
+            _refuse(low, f"an index is out of range for a dim of size {size}")
+        return low.constant(torch.where(known < 0, known + size, known), "indices")
+    negative = low.emit1("lt", [indices, low.scalar(0, indices)])
+    return low.emit1("where", [negative, low.emit1("add", [indices, low.scalar(size, indices)]),
+                               indices])
+
+
+@handles("Gather")
+def _gather(low, node, ins, attrs):
+    data, indices = ins
+    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
+    indices = _normalized_indices(low, indices, data.type.shape[axis])
+    flat = low.emit1("reshape", [indices], {"shape": [indices.type.numel]})
+    picked = low.emit1("index_select", [data, flat], {"dim": axis})
+    shape = list(data.type.shape[:axis]) + list(indices.type.shape) + list(data.type.shape[axis + 1:])
+    return [low.emit1("reshape", [picked], {"shape": shape})]
+
+
+@handles("GatherElements")
+def _gather_elements(low, node, ins, attrs):
+    data, indices = ins
+    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
+    indices = _normalized_indices(low, indices, data.type.shape[axis])
+    return [low.emit1("gather", [data, indices], {"dim": axis})]
+
+
+@handles("ScatterElements")
+def _scatter_elements(low, node, ins, attrs):
+    data, indices, updates = ins
+    if attrs.get("reduction", "none") != "none":
+        _refuse(low, f"reduction={attrs['reduction']!r}")
+    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
+    indices = _normalized_indices(low, indices, data.type.shape[axis])
+    return [low.emit1("scatter", [data, indices, updates], {"dim": axis})]
