@@ -3,6 +3,8 @@
 Public API:
     opweave.compile(model, example_inputs)  -> a callable (captured with torch.export)
     opweave.explain(model, example_inputs)  -> coverage and IR report
+    opweave.from_onnx("model.onnx")         -> a callable (ONNX frontend)
+    opweave.to_onnx(graph, "out.onnx")      -> the IR graph written back as ONNX
     torch.compile(model, backend="opweave") works without importing opweave.
 """
 from __future__ import annotations
@@ -22,6 +24,21 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True):
     from .explain import explain as _explain
 
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks)
+
+
+def from_onnx(source, *, name=None):
+    """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays."""
+    from .onnx import from_onnx as _from_onnx
+
+    return _from_onnx(source, name=name)
+
+
+def to_onnx(graph, path=None):
+    """Write an IR graph (or a compiled model's single graph) as a checked ONNX model;
+    returns the ModelProto, and saves it atomically when `path` is given."""
+    from .onnx.export import export
+
+    return export(graph, path)
 
 
 def backend(gm, example_inputs, **options):

@@ -86,8 +86,15 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=10)
     p.set_defaults(func=_demo)
     _add_bench_parser(sub, models)
+    from .onnx.cli import add_parsers
+
+    add_parsers(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command in ("run", "conformance"):
+            from .onnx.cli import main_guard
+
+            return main_guard(args.func, args)
         return args.func(args)
     except KeyboardInterrupt:
         return 130

@@ -1,8 +1,8 @@
 """The ONNX frontend and exporter: `from_onnx` (load, lower to the IR, run) and
-`to_onnx_model`/`save_onnx` (write an IR graph back as ONNX)."""
+`export` (write an IR graph back as ONNX)."""
 from .errors import OnnxError, OnnxUnsupported
-from .export import OnnxExportError, save_onnx, to_onnx_model
+from .export import OnnxExportError, export, to_onnx_model
 from .model import OnnxModel, from_onnx
 
 __all__ = ["OnnxError", "OnnxUnsupported", "OnnxExportError", "OnnxModel", "from_onnx",
-           "save_onnx", "to_onnx_model"]
+           "export", "to_onnx_model"]

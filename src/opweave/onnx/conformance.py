@@ -7,6 +7,7 @@ not implement); anything else, a wrong value or a crash, is a failure.
 """
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections import Counter, defaultdict
@@ -28,7 +29,8 @@ class CaseResult:
     detail: str = ""
 
 
-def node_test_cases():
+@functools.lru_cache(maxsize=1)
+def node_test_cases() -> tuple:
     """The node test cases of the installed onnx package, each with the op it tests."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -41,7 +43,7 @@ def node_test_cases():
         base = case.name.split("_expanded")[0]
         op = single.get(case.name) or single.get(base) or _guess_op(case)
         result.append((op, case))
-    return result
+    return tuple(result)
 
 
 def _guess_op(case) -> str:

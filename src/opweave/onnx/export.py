@@ -254,10 +254,7 @@ def to_onnx_model(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
     return model
 
 
-def save_onnx(graph: Graph, path: "str | os.PathLike", *, check: bool = True) -> Path:
-    """Write `graph` as an ONNX file, atomically (no half-written file on failure)."""
-    model = to_onnx_model(graph, check=check)
-    path = Path(path)
+def _save_model(model: onnx.ModelProto, path: Path) -> None:
     data = model.SerializeToString()
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -265,4 +262,27 @@ def save_onnx(graph: Graph, path: "str | os.PathLike", *, check: bool = True) ->
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    return path
+
+
+def export(source, path: "str | os.PathLike | None" = None) -> onnx.ModelProto:
+    """`opweave.to_onnx`: an IR Graph, a compiled model (torch path) or an OnnxModel
+    (its graph for the declared shapes) as a checked ONNX model, saved when `path` is given."""
+    graph = _graph_of(source)
+    model = to_onnx_model(graph)
+    if path is not None:
+        _save_model(model, Path(path))
+    return model
+
+
+def _graph_of(source) -> Graph:
+    if isinstance(source, Graph):
+        return source
+    graphs = getattr(source, "graphs", None)  # a CompiledModel's IR segments
+    if graphs is not None:
+        if len(graphs) != 1:
+            raise OnnxExportError(f"the compiled model has {len(graphs)} IR segments (parts fell "
+                                  f"back to eager); only a whole-model graph can be exported")
+        return graphs[0]
+    if hasattr(source, "graph") and callable(source.graph):
+        return source.graph()
+    raise TypeError(f"cannot export a {type(source).__name__}; pass an IR Graph or a compiled model")

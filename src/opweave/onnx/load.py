@@ -6,17 +6,20 @@ from pathlib import Path
 
 import onnx
 
-from .errors import OnnxError, OnnxUnsupported
+from .errors import OnnxError, OnnxUnsupported, where
 
 MIN_OPSET = 13  # older default-domain opsets go through onnx's version converter
 
 
-def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto") -> onnx.ModelProto:
-    """An in-memory ModelProto (external data loaded), at opset >= 13 in the default domain."""
+def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
+               label: str | None = None) -> onnx.ModelProto:
+    """An in-memory ModelProto (external data loaded), at opset >= 13 in the default domain.
+    Errors name the file, or `label` for in-memory models."""
     if isinstance(source, onnx.ModelProto):
-        model, label, base_dir = source, "the ONNX model", None
+        model, label, base_dir = source, label or "the ONNX model", None
     elif isinstance(source, (bytes, bytearray)):
-        model, label, base_dir = _parse(bytes(source), "the ONNX bytes"), "the ONNX bytes", None
+        label = label or "the ONNX bytes"
+        model, base_dir = _parse(bytes(source), label), None
     else:
         path = Path(source)
         label, base_dir = str(path), path.parent
@@ -28,7 +31,21 @@ def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto") -> onnx.Mo
         _load_external_data(model, base_dir, label)
     elif any(_is_external(t) for t in _all_tensors(model.graph)):
         raise OnnxError(f"{label} refers to external data files; load it from its path")
+    check_operators(model, label)
     return _upgrade_opset(model, label)
+
+
+def check_operators(model: onnx.ModelProto, label: str) -> None:
+    """Refuse a model with an operator opweave lacks when it is loaded, not when run."""
+    from .importer import HANDLERS
+
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            raise OnnxUnsupported(f"{label}: {where(node)}: operator domain {node.domain!r} "
+                                  f"is not supported")
+        if node.op_type not in HANDLERS:
+            raise OnnxUnsupported(f"{label}: {where(node)}: ONNX operator {node.op_type!r} "
+                                  f"is not supported")
 
 
 def _parse(data: bytes, label: str) -> onnx.ModelProto:

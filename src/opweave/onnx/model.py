@@ -11,7 +11,7 @@ from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..runtime.executor import Executor
 from .arrays import to_numpy, to_tensor
-from .errors import OnnxError, OnnxUnsupported, where
+from .errors import OnnxError
 from .importer import DeclaredInput, Lowering, declared_inputs, value_inputs
 from .load import default_opset, load_model
 from . import ops  # noqa: F401  (registers the operator handlers)
@@ -33,7 +33,7 @@ class OnnxModel:
     """
 
     def __init__(self, source, name: str | None = None):
-        self.model: onnx.ModelProto = load_model(source)
+        self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
         self.opset = default_opset(self.model)
@@ -42,27 +42,15 @@ class OnnxModel:
         self.output_names = [o.name for o in self.model.graph.output]
         self._cache: dict[tuple, _Specialization] = {}
         self.value_inputs = value_inputs(self.model.graph)
-        self._check_ops()
-
-    def _check_ops(self) -> None:
-        """Refuse a model with an unsupported operator when it is loaded, not when run."""
-        from .importer import HANDLERS
-
-        for node in self.model.graph.node:
-            if node.domain not in ("", "ai.onnx"):
-                raise OnnxUnsupported(f"{self.label}: {where(node)}: operator domain "
-                                      f"{node.domain!r} is not supported")
-            if node.op_type not in HANDLERS:
-                raise OnnxUnsupported(f"{self.label}: {where(node)}: ONNX operator "
-                                      f"{node.op_type!r} is not supported")
 
     # -- shapes --------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
-        """Symbol values from concrete input shapes; OnnxError naming any mismatch."""
+        """Symbol values from the concrete shapes of (some of) the inputs; an OnnxError
+        names any mismatch with the declared shapes."""
         symbols: dict[str, tuple[int, str]] = {}
         for declared in self.inputs:
-            shape = shapes[declared.name]
-            if declared.dims is None:
+            shape = shapes.get(declared.name)
+            if shape is None or declared.dims is None:
                 continue
             if len(shape) != len(declared.dims):
                 raise OnnxError(f"{self.label}: input {declared.name!r} has rank {len(shape)}, "
@@ -79,12 +67,15 @@ class OnnxModel:
                     symbols.setdefault(dim, (size, f"input {declared.name!r} (dim {axis})"))
         return {k: v for k, (v, _) in symbols.items()}
 
-    def input_types(self, dims: dict[str, int] | None = None) -> dict[str, TensorType]:
-        """Concrete input types from declared shapes, with `dims` for the symbols; an
-        OnnxError names any dimension left unknown."""
+    def input_types(self, dims: dict[str, int] | None = None,
+                    names=None) -> dict[str, TensorType]:
+        """Concrete types of the inputs `names` (default all) from their declared shapes,
+        with `dims` for the symbols; an OnnxError names any dimension left unknown."""
         dims = dims or {}
         types = {}
         for declared in self.inputs:
+            if names is not None and declared.name not in names:
+                continue
             if declared.dims is None:
                 raise OnnxError(f"{self.label}: input {declared.name!r} has no declared shape; "
                                 f"give an input array")

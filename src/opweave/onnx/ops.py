@@ -650,3 +650,31 @@ def _scatter_elements(low, node, ins, attrs):
     axis = _axis(low, attrs.get("axis", 0), data.type.rank)
     indices = _normalized_indices(low, indices, data.type.shape[axis])
     return [low.emit1("scatter", [data, indices, updates], {"dim": axis})]
+
+
+@handles("GatherND")
+def _gather_nd(low, node, ins, attrs):
+    """data[indices[..., 0], ..., indices[..., k-1]]: the k leading dims are flattened into
+    one, indexed by the linearized indices."""
+    data, indices = ins
+    if attrs.get("batch_dims", 0):
+        _refuse(low, "batch_dims > 0")
+    k = indices.type.shape[-1] if indices.type.rank else 0
+    if indices.type.rank == 0 or k > data.type.rank:
+        _refuse(low, f"indices of shape {list(indices.type.shape)} for data of rank {data.type.rank}")
+    lead = list(data.type.shape[:k])
+    linear = None
+    for j in range(k):
+        part = low.emit1("slice", [indices], {"dim": indices.type.rank - 1, "start": j,
+                                              "end": j + 1, "step": 1})
+        part = _normalized_indices(low, part, lead[j])
+        stride = math.prod(lead[j + 1:])
+        if stride != 1:
+            part = low.emit1("mul", [part, low.scalar(stride, part)])
+        linear = part if linear is None else low.emit1("add", [linear, part])
+    rest = list(data.type.shape[k:])
+    flat_data = low.emit1("reshape", [data], {"shape": [math.prod(lead)] + rest})
+    count = math.prod(indices.type.shape[:-1])
+    flat_index = low.emit1("reshape", [linear], {"shape": [count]})
+    picked = low.emit1("index_select", [flat_data, flat_index], {"dim": 0})
+    return [low.emit1("reshape", [picked], {"shape": list(indices.type.shape[:-1]) + rest})]
