@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import functools
 
-import pytest
 
 from opweave.onnx import conformance
 from opweave.onnx.importer import HANDLERS

@@ -11,7 +11,7 @@ import opweave
 from opweave.cli import main
 from opweave.onnx import OnnxError
 
-from .helpers import WEIGHT, mlp, mlp_reference
+from .helpers import mlp, mlp_reference
 
 
 def test_nodes_in_any_order_and_symbolic_batch_bound_per_call():

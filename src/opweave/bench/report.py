@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from pathlib import Path
 
+from ..files import atomic_write, atomic_write_bytes
 from .harness import REFERENCE, TOLERANCE, BenchResult, ModelResult
 
 MIB = 1 << 20
@@ -200,16 +200,7 @@ def write_all(result: BenchResult, out_dir: Path) -> dict[str, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"bench-{result.config.mode}"
     paths = {kind: out_dir / f"{stem}.{kind}" for kind in ("json", "md", "png")}
-    _atomic(paths["json"], lambda p: p.write_text(json.dumps(to_json(result), indent=1)))
-    _atomic(paths["md"], lambda p: p.write_text(markdown(result)))
-    _atomic(paths["png"], lambda p: write_chart(result, p))
+    atomic_write_bytes(paths["json"], json.dumps(to_json(result), indent=1).encode())
+    atomic_write_bytes(paths["md"], markdown(result).encode())
+    atomic_write(paths["png"], lambda tmp: write_chart(result, tmp))
     return paths
-
-
-def _atomic(path: Path, write) -> None:
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)

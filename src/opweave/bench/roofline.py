@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
+from ..files import atomic_write_bytes
+
 CACHE_FILE = "gemm_peak.json"
 GEMM_SIZES = (1024, 2048)
 
@@ -81,18 +83,8 @@ def gemm_peak(threads: int, measure: Callable[[], float]) -> tuple[float, bool]:
             entries = {}
     value = measure()
     entries[key] = value
-    _write_atomically(path, json.dumps(entries, indent=1, sort_keys=True))
+    atomic_write_bytes(path, json.dumps(entries, indent=1, sort_keys=True).encode())
     return value, False
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def model_flops(bench, mode: str) -> float:

@@ -8,12 +8,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
 from . import dtypes
+from ..files import atomic_write, atomic_write_bytes
 from .graph import Graph, Value
 from .types import TensorType
 
@@ -102,22 +102,11 @@ def from_json(text: str, constants: dict[str, torch.Tensor] | None = None) -> Gr
     return from_dict(json.loads(text), constants)
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def save(graph: Graph, path: str | os.PathLike) -> None:
     """Write `path` (JSON) and `path` + '.pt' (constant tensors), each atomically."""
     path = Path(path)
-    _atomic_write(path.with_name(path.name + ".pt"), lambda f: torch.save(graph.constants, f))
-    _atomic_write(path, lambda f: f.write(to_json(graph).encode()))
+    atomic_write(path.with_name(path.name + ".pt"), lambda tmp: torch.save(graph.constants, tmp))
+    atomic_write_bytes(path, to_json(graph).encode())
 
 
 def load(path: str | os.PathLike) -> Graph:

@@ -6,6 +6,7 @@ import sys
 
 import numpy as np
 
+from ..files import atomic_write
 from .errors import OnnxError
 
 
@@ -78,25 +79,13 @@ def run_command(args) -> int:
     outputs = model(**inputs)
     named = dict(zip(model.output_names, outputs))
     if args.output:
-        _save_npz(args.output, named)
+        atomic_write(args.output, lambda tmp: np.savez(tmp, **named))
         print(f"wrote {len(named)} output(s) to {args.output}")
     for name, array in named.items():
         flat = np.asarray(array, dtype=np.float64).reshape(-1) if array.size else np.zeros(0)
         preview = np.array2string(flat[:6], precision=4, separator=", ")
         print(f"{name}: {array.dtype}{list(array.shape)} {preview}{' ...' if flat.size > 6 else ''}")
     return 0
-
-
-def _save_npz(path: str, arrays: dict) -> None:
-    """Write atomically: a failure leaves no half-written file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def conformance_command(args) -> int:

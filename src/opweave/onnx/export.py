@@ -3,13 +3,13 @@ full shape inference and ONNX Runtime runs with the same results."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import numpy as np
 import onnx
 import torch
 from onnx import helper, numpy_helper
 
+from ..files import atomic_write_bytes
 from ..ir import dtypes
 from ..ir.graph import Graph, Node, Value
 from .errors import OnnxError
@@ -254,23 +254,13 @@ def to_onnx_model(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
     return model
 
 
-def _save_model(model: onnx.ModelProto, path: Path) -> None:
-    data = model.SerializeToString()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def export(source, path: "str | os.PathLike | None" = None) -> onnx.ModelProto:
     """`opweave.to_onnx`: an IR Graph, a compiled model (torch path) or an OnnxModel
     (its graph for the declared shapes) as a checked ONNX model, saved when `path` is given."""
     graph = _graph_of(source)
     model = to_onnx_model(graph)
     if path is not None:
-        _save_model(model, Path(path))
+        atomic_write_bytes(path, model.SerializeToString())
     return model
 
 
