@@ -116,7 +116,7 @@ def test_wrong_outputs_are_flagged(fake):
 
 
 def test_slow_backend_gets_fewer_runs_within_budget(fake):
-    fake.behaviour = {"opweave": dict(seconds=30.0)}
+    fake.behaviour = {"opweave": dict(seconds=20.0)}
     result = harness.run(_config(models=["m1"], runs=10, seconds_per_backend=60),
                          worker_factory=fake)
     entries = result.models[0].backends
@@ -150,3 +150,13 @@ def test_max_abs_diff():
     assert harness.max_abs_diff(a, b) == pytest.approx(0.5)
     with pytest.raises(ValueError, match="outputs"):
         harness.max_abs_diff(a[:1], b)
+
+
+def test_report_survives_a_failed_reference(fake):
+    fake.behaviour = {"eager": dict(prepare_error=WorkerError("Traceback\nOSError: no memory"))}
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    assert result.models[0].backends["eager"].status == "error"
+    assert result.models[0].speedup_over_eager("opweave") is None
+    text = report.terminal(result)
+    assert "no memory" in text and "error" in text
+    report.markdown(result)

@@ -44,5 +44,6 @@ def test_round_robin_rotates_and_runs_each_its_count():
 def test_runs_within_budget():
     assert runs_within_budget(0.01, runs=10, budget_s=60) == 10
     assert runs_within_budget(10.0, runs=10, budget_s=60) == 6
-    assert runs_within_budget(100.0, runs=10, budget_s=60) == 3  # never fewer than 3
-    assert runs_within_budget(100.0, runs=2, budget_s=60) == 2
+    assert runs_within_budget(20.0, runs=10, budget_s=60) == 3  # still a median of 3
+    assert runs_within_budget(25.0, runs=10, budget_s=60) == 1  # too slow for 3: one run
+    assert runs_within_budget(1.0, runs=2, budget_s=60) == 2

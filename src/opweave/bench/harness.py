@@ -239,7 +239,8 @@ def _measure(config, name, result, workers, progress) -> None:
     for backend, count in plan.items():
         if count < config.runs:
             entry = result.backends[backend]
-            entry.note = "; ".join(filter(None, [entry.note, f"{count} runs (slow)"]))
+            runs = "1 run" if count == 1 else f"{count} runs"
+            entry.note = "; ".join(filter(None, [entry.note, f"{runs} (slow)"]))
     progress.set_description(f"{name}: timing")
     for order in round_robin(plan):
         for backend in order:

@@ -16,6 +16,10 @@ def _ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1e3:.2f}"
 
 
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
 def _mib(nbytes: int | None) -> str:
     return "-" if nbytes is None else f"{nbytes / MIB:.0f}"
 
@@ -38,13 +42,12 @@ def summary_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
                 continue
             mark = _marks(result, model, backend)
             speedup = model.speedup_over_eager(backend)
-            cells.append(f"{_ms(entry.summary.median)}{mark}" if backend == REFERENCE
+            cells.append(f"{_ms(entry.summary.median)}{mark}" if speedup is None or backend == REFERENCE
                          else f"{_ms(entry.summary.median)} ({speedup:.2f}x){mark}")
         rows.append(cells)
     geo = ["geomean vs eager", ""]
     for backend in backends:
-        value = result.geomean_speedup(backend)
-        geo.append("-" if value is None else f"{value:.2f}x")
+        geo.append(_ratio(result.geomean_speedup(backend)))
     rows.append(geo)
     return header, rows
 
@@ -76,7 +79,7 @@ def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
             share = ("-" if not (peak and model.flops)
                      else f"{100 * model.flops / s.median / peak:.1f}")
             rows.append([model.model, backend, _ms(s.median), _ms(s.min), _ms(s.max),
-                         f"{model.speedup_over_eager(backend):.2f}x",
+                         _ratio(model.speedup_over_eager(backend)),
                          "-" if entry.setup_s is None else f"{entry.setup_s:.1f}",
                          "-" if entry.max_abs_diff is None else f"{entry.max_abs_diff:.1e}",
                          _mib(entry.peak_rss), _mib(entry.torch_peak), share, entry.note])

@@ -50,9 +50,10 @@ def round_robin(counts: Mapping[str, int]) -> list[list[str]]:
     return rounds
 
 
-def runs_within_budget(seconds_per_call: float, runs: int, budget_s: float,
-                       minimum: int = 3) -> int:
-    """How many runs fit in `budget_s`, between `minimum` and `runs`."""
+def runs_within_budget(seconds_per_call: float, runs: int, budget_s: float) -> int:
+    """How many of `runs` fit in `budget_s`: at least 3 (a median), unless not even 3 fit,
+    where a single run has to do (a backend that slow is reported with its run count)."""
     if seconds_per_call <= 0:
         return runs
-    return max(min(minimum, runs), min(runs, int(budget_s / seconds_per_call)))
+    fit = int(budget_s / seconds_per_call)
+    return min(runs, fit) if fit >= 3 else min(runs, 1)
