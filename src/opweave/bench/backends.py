@@ -127,7 +127,7 @@ def _infer_onnxruntime(bench, threads):
     except Exception as error:  # the exporter's own message is the reason
         raise Unavailable(f"torch.onnx.export failed: {type(error).__name__}: "
                           f"{str(error).splitlines()[0][:200]}") from None
-    fused = _ort_transformer_fusions(bench.name, path)
+    fused = _ort_transformer_fusions(bench, path)
     if fused:
         note = "; ".join(filter(None, [note, fused]))
     options = ort.SessionOptions()
@@ -154,16 +154,18 @@ def _infer_onnxruntime(bench, threads):
 ORT_TRANSFORMER_TYPES = {"bert": "bert", "vit": "vit"}
 
 
-def _ort_transformer_fusions(name: str, path: str) -> str:
+def _ort_transformer_fusions(bench: BenchmarkModel, path: str) -> str:
     """Rewrite `path` in place with ONNX Runtime's transformer fusions when the model is a
     transformer it knows; returns a note with the fused operators ("" if none applied)."""
     model_type = next((t for prefix, t in ORT_TRANSFORMER_TYPES.items()
-                       if name.startswith(prefix)), None)
-    if model_type is None:
+                       if bench.name.startswith(prefix)), None)
+    config = getattr(bench.module, "config", None)
+    if model_type is None or config is None:
         return ""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    optimized = optimize_model(path, model_type=model_type, num_heads=0, hidden_size=0)
+    optimized = optimize_model(path, model_type=model_type, num_heads=config.num_attention_heads,
+                               hidden_size=config.hidden_size)
     stats = {op: n for op, n in optimized.get_fused_operator_statistics().items() if n}
     optimized.save_model_to_file(path)
     fused = ", ".join(f"{op} x{n}" for op, n in sorted(stats.items()))
