@@ -42,11 +42,17 @@ def test_fully_passing_ops_do_not_regress():
 
 
 def test_unsupported_ops_are_refused_by_name():
-    """A case whose model contains an op opweave lacks is refused, naming that op."""
+    """A case whose model contains an op opweave lacks is refused, naming that op (older
+    opsets are left out: the version converter may turn such an op into one we have)."""
+    from opweave.onnx.load import default_opset
+
     cases = {case.name: case for _, case in conformance.node_test_cases()}
     checked = 0
     for result in report().results:
-        ops = {node.op_type for node in cases[result.name].model.graph.node}
+        model = cases[result.name].model
+        if default_opset(model) < 13:
+            continue
+        ops = {node.op_type for node in model.graph.node}
         lacking = sorted(ops - set(HANDLERS))
         if lacking:
             checked += 1

@@ -31,8 +31,13 @@ def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
         _load_external_data(model, base_dir, label)
     elif any(_is_external(t) for t in _all_tensors(model.graph)):
         raise OnnxError(f"{label} refers to external data files; load it from its path")
+    try:
+        model = _upgrade_opset(model, label)
+    except OnnxUnsupported:
+        check_operators(model, label)  # an unknown operator is the clearer reason
+        raise
     check_operators(model, label)
-    return _upgrade_opset(model, label)
+    return model
 
 
 def check_operators(model: onnx.ModelProto, label: str) -> None:
