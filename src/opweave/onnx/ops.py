@@ -66,9 +66,6 @@ def _binary(low, node, ins, attrs):
         _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
     if node.op_type in ("Add", "Sub", "Mul") and a.type.dtype in (torch.bool,):
         _refuse(low, "arithmetic on bool")
-    if node.op_type in ("Add", "Sub", "Mul") and a.type.dtype in dtypes.INT_DTYPES \
-            and a.type.dtype != torch.int64 and a.type.dtype != torch.int32:
-        _refuse(low, f"{node.op_type} of {a.type.dtype} wraps differently in ONNX")
     return [low.emit1(_BINARY[node.op_type], [a, b])]
 
 
@@ -79,18 +76,24 @@ def _div(low, node, ins, attrs):
         _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
     if a.type.dtype in FLOATS:
         return [low.emit1("div", [a, b])]
-    if a.type.dtype in (torch.int64, torch.int32):
+    if a.type.dtype in dtypes.INT_DTYPES:  # integer division truncates, as numpy's astype
         return [low.emit1("div", [a, b], {"rounding": "trunc"})]
     _refuse(low, f"Div of {a.type.dtype} is not supported")
 
 
 @handles("Pow")
 def _pow(low, node, ins, attrs):
+    """The result has the base's type; an integer base is raised in float64 and truncated
+    back, as the reference's numpy power followed by astype."""
     x, y = ins
-    _need_float(low, x, "the base")
-    if y.type.dtype != x.type.dtype:
-        y = low.emit1("cast", [y], {"dtype": x.type.dtype})
-    return [low.emit1("pow", [x, y])]
+    if x.type.dtype in FLOATS:
+        if y.type.dtype != x.type.dtype:
+            y = low.emit1("cast", [y], {"dtype": x.type.dtype})
+        return [low.emit1("pow", [x, y])]
+    if x.type.dtype not in (torch.int64, torch.int32) or y.type.dtype == torch.bool:
+        _refuse(low, f"Pow of {x.type.dtype}")
+    wide = [low.emit1("cast", [v], {"dtype": torch.float64}) for v in (x, y)]
+    return [low.emit1("cast", [low.emit1("pow", wide)], {"dtype": x.type.dtype})]
 
 
 @handles("Max", "Min", "Sum", "Mean")
