@@ -168,7 +168,8 @@ def to_json(result: BenchResult) -> dict:
 
 
 def write_chart(result: BenchResult, path: Path) -> None:
-    """Grouped bars: each backend's latency relative to eager (lower is faster), per model."""
+    """Grouped bars: each backend's latency relative to eager (lower is faster), per model,
+    on a log scale so that 2x faster and 2x slower look alike."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -178,21 +179,28 @@ def write_chart(result: BenchResult, path: Path) -> None:
     names = [m.model for m in result.models]
     width = 0.8 / max(len(backends), 1)
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(names) + 2), 4.2))
+    relative = [1 / s for m in result.models for b in backends
+                if (s := m.speedup_over_eager(b)) is not None]
+    low = min(relative + [1.0]) / 1.5
+    ax.set_yscale("log")
     for i, backend in enumerate(backends):
         for j, model in enumerate(result.models):
             x = j + (i - (len(backends) - 1) / 2) * width
             speedup = model.speedup_over_eager(backend)
             if speedup is None:
-                ax.text(x, 0.02, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
+                ax.text(x, low * 1.1, "n/a", rotation=90, ha="center", va="bottom", fontsize=7)
                 continue
-            ax.bar(x, 1 / speedup, width, color=f"C{i}", label=backend if j == 0 else None)
+            ax.bar(x, 1 / speedup - low, width, bottom=low, color=f"C{i}",
+                   label=backend if j == 0 else None)
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylim(bottom=low)
     ax.set_xticks(range(len(names)), names)
     ax.set_ylabel("latency relative to eager (lower is faster)")
     ax.set_title(f"opweave bench ({result.config.mode}, batch {result.config.batch}, "
                  f"{result.config.threads} threads)")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles, labels, fontsize=8, ncols=min(len(labels), 3) or 1)
+    ax.legend(handles, labels, fontsize=8, ncols=max(len(labels), 1), loc="upper center",
+              bbox_to_anchor=(0.5, -0.08), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
