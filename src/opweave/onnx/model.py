@@ -14,7 +14,7 @@ from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
 from .importer import DeclaredInput, Lowering, declared_inputs, value_inputs
 from .load import default_opset, load_model
-from . import ops  # noqa: F401  (registers the operator handlers)
+from . import ops_math, ops_shape  # noqa: F401  (register the operator handlers)
 
 
 @dataclass

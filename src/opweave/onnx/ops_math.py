@@ -1,8 +1,10 @@
-"""ONNX operators -> IR ops. Each handler gets the lowering, the node, its input Values
-(None for omitted optional inputs) and its attributes, and returns its output Values.
+"""ONNX operators -> IR ops: elementwise, activations, linear algebra, normalization,
+pooling and reductions. Each handler gets the lowering, the node, its input Values (None
+for omitted optional inputs) and its attributes, and returns its output Values.
 
-A handler raises OnnxUnsupported for any attribute value or type it does not implement
-exactly, so that an imported model is either right or refused, never silently wrong.
+A handler raises OnnxUnsupported (through `refuse`) for any attribute value or type it does
+not implement exactly, so that an imported model is either right or refused, never
+silently wrong.
 """
 from __future__ import annotations
 
@@ -17,19 +19,21 @@ from .importer import Lowering, handles, torch_dtype
 FLOATS = dtypes.FLOAT_DTYPES
 
 
-def _refuse(low: Lowering, why: str):
+def refuse(low: Lowering, why: str):
+    """Refuse the node being lowered, saying why."""
     raise OnnxUnsupported(f"{where(low.node)}: {why}")
 
 
-def _axis(low, axis: int, rank: int) -> int:
+def axis_of(low, axis: int, rank: int) -> int:
+    """A possibly negative ONNX axis as an index into `rank` dims."""
     if not -rank <= axis < max(rank, 1):
-        _refuse(low, f"axis {axis} is out of range for rank {rank}")
+        refuse(low, f"axis {axis} is out of range for rank {rank}")
     return axis % rank if rank else 0
 
 
-def _need_float(low, value, what="input"):
+def need_float(low, value, what="input"):
     if value.type.dtype not in FLOATS:
-        _refuse(low, f"{what} has type {value.type.dtype}; only floating point is supported")
+        refuse(low, f"{what} has type {value.type.dtype}; only floating point is supported")
 
 
 # -- elementwise -----------------------------------------------------------------------------
@@ -43,9 +47,9 @@ _FLOAT_UNARY = {"Exp", "Log", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Erf", "S
 @handles(*_UNARY)
 def _unary(low, node, ins, attrs):
     if node.op_type in _FLOAT_UNARY:
-        _need_float(low, ins[0])
+        need_float(low, ins[0])
     if node.op_type in ("Neg", "Abs", "Relu") and ins[0].type.dtype in (torch.bool, torch.uint8):
-        _refuse(low, f"{node.op_type} of {ins[0].type.dtype} is not supported")
+        refuse(low, f"{node.op_type} of {ins[0].type.dtype} is not supported")
     return [low.emit1(_UNARY[node.op_type], [ins[0]])]
 
 
@@ -63,9 +67,9 @@ _BINARY = {"Add": "add", "Sub": "sub", "Mul": "mul", "Equal": "eq", "Less": "lt"
 def _binary(low, node, ins, attrs):
     a, b = ins
     if a.type.dtype != b.type.dtype:
-        _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
+        refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
     if node.op_type in ("Add", "Sub", "Mul") and a.type.dtype in (torch.bool,):
-        _refuse(low, "arithmetic on bool")
+        refuse(low, "arithmetic on bool")
     return [low.emit1(_BINARY[node.op_type], [a, b])]
 
 
@@ -73,12 +77,12 @@ def _binary(low, node, ins, attrs):
 def _div(low, node, ins, attrs):
     a, b = ins
     if a.type.dtype != b.type.dtype:
-        _refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
+        refuse(low, f"inputs have different types {a.type.dtype} and {b.type.dtype}")
     if a.type.dtype in FLOATS:
         return [low.emit1("div", [a, b])]
     if a.type.dtype in dtypes.INT_DTYPES:  # integer division truncates, as numpy's astype
         return [low.emit1("div", [a, b], {"rounding": "trunc"})]
-    _refuse(low, f"Div of {a.type.dtype} is not supported")
+    refuse(low, f"Div of {a.type.dtype} is not supported")
 
 
 @handles("Pow")
@@ -91,7 +95,7 @@ def _pow(low, node, ins, attrs):
             y = low.emit1("cast", [y], {"dtype": x.type.dtype})
         return [low.emit1("pow", [x, y])]
     if x.type.dtype not in (torch.int64, torch.int32) or y.type.dtype == torch.bool:
-        _refuse(low, f"Pow of {x.type.dtype}")
+        refuse(low, f"Pow of {x.type.dtype}")
     wide = [low.emit1("cast", [v], {"dtype": torch.float64}) for v in (x, y)]
     return [low.emit1("cast", [low.emit1("pow", wide)], {"dtype": x.type.dtype})]
 
@@ -99,11 +103,11 @@ def _pow(low, node, ins, attrs):
 @handles("Max", "Min", "Sum", "Mean")
 def _variadic(low, node, ins, attrs):
     if not ins or any(v is None for v in ins):
-        _refuse(low, "needs at least one input")
+        refuse(low, "needs at least one input")
     if any(v.type.dtype != ins[0].type.dtype for v in ins):
-        _refuse(low, "inputs of different types")
+        refuse(low, "inputs of different types")
     if node.op_type in ("Sum", "Mean"):
-        _need_float(low, ins[0])
+        need_float(low, ins[0])
     op = {"Max": "maximum", "Min": "minimum", "Sum": "add", "Mean": "add"}[node.op_type]
     result = ins[0]
     if len(ins) == 1:  # a single input still broadcasts nothing: identity
@@ -119,7 +123,7 @@ def _variadic(low, node, ins, attrs):
 def _where(low, node, ins, attrs):
     cond, a, b = ins
     if a.type.dtype != b.type.dtype:
-        _refuse(low, "branches of different types")
+        refuse(low, "branches of different types")
     return [low.emit1("where", [cond, a, b])]
 
 
@@ -128,7 +132,7 @@ def _cast(low, node, ins, attrs):
     target = torch_dtype(attrs["to"], f"{where(node)} target")
     source = ins[0].type.dtype
     if source in FLOATS and target in dtypes.INT_DTYPES + (torch.bool,):
-        _refuse(low, "float to integer casts differ for NaN and out-of-range values")
+        refuse(low, "float to integer casts differ for NaN and out-of-range values")
     if source == target:
         return [ins[0]]
     return [low.emit1("cast", [ins[0]], {"dtype": target})]
@@ -138,7 +142,7 @@ def _cast(low, node, ins, attrs):
 def _cast_like(low, node, ins, attrs):
     target = ins[1].type.dtype
     if ins[0].type.dtype in FLOATS and target in dtypes.INT_DTYPES + (torch.bool,):
-        _refuse(low, "float to integer casts differ for NaN and out-of-range values")
+        refuse(low, "float to integer casts differ for NaN and out-of-range values")
     if ins[0].type.dtype == target:
         return [ins[0]]
     return [low.emit1("cast", [ins[0]], {"dtype": target})]
@@ -153,7 +157,7 @@ def _identity(low, node, ins, attrs):
 def _dropout(low, node, ins, attrs):
     training = ins[2] if len(ins) > 2 else None
     if training is not None and bool(low.require_const(training, "training_mode").item()):
-        _refuse(low, "training-mode dropout is not supported")
+        refuse(low, "training-mode dropout is not supported")
     mask = None
     if len([o for o in node.output if o]) > 1:
         mask = low.constant(torch.ones(ins[0].type.shape, dtype=torch.bool), "mask")
@@ -162,14 +166,14 @@ def _dropout(low, node, ins, attrs):
 
 @handles("IsNaN")
 def _isnan(low, node, ins, attrs):
-    _need_float(low, ins[0])
+    need_float(low, ins[0])
     return [low.emit1("ne", [ins[0], ins[0]])]
 
 
 @handles("IsInf")
 def _isinf(low, node, ins, attrs):
     x = ins[0]
-    _need_float(low, x)
+    need_float(low, x)
     pos, neg = attrs.get("detect_positive", 1), attrs.get("detect_negative", 1)
     checks = ([low.emit1("eq", [x, low.scalar(math.inf, x)])] if pos else []) + \
              ([low.emit1("eq", [x, low.scalar(-math.inf, x)])] if neg else [])
@@ -182,7 +186,7 @@ def _isinf(low, node, ins, attrs):
 def _clip(low, node, ins, attrs):
     x = ins[0]
     if x.type.dtype == torch.bool:
-        _refuse(low, "Clip of bool")
+        refuse(low, "Clip of bool")
     lo = ins[1] if len(ins) > 1 else None
     hi = ins[2] if len(ins) > 2 else None
     if lo is not None:
@@ -194,10 +198,10 @@ def _clip(low, node, ins, attrs):
 
 @handles("Gelu")
 def _gelu(low, node, ins, attrs):
-    _need_float(low, ins[0])
+    need_float(low, ins[0])
     approximate = attrs.get("approximate", "none")
     if approximate not in ("none", "tanh"):
-        _refuse(low, f"approximate={approximate!r}")
+        refuse(low, f"approximate={approximate!r}")
     return [low.emit1("gelu", [ins[0]], {"approximate": approximate})]
 
 
@@ -207,7 +211,7 @@ def _activation(low, node, ins, attrs):
     """Composite activations; half-precision inputs are computed in float32 and rounded
     once at the end, as the ONNX reference does."""
     x = ins[0]
-    _need_float(low, x)
+    need_float(low, x)
     if x.type.dtype in (torch.float16, torch.bfloat16):
         wide = [low.emit1("cast", [v], {"dtype": torch.float32}) if v is not None else None
                 for v in ins]
@@ -225,7 +229,7 @@ def _activation_f32(low, node, ins, attrs):
         return e("where", [e("lt", [x, s(0.0)]), e("mul", [x, s(attrs.get("alpha", 0.01))]), x])
     if op == "PRelu":
         if ins[1].type.dtype != x.type.dtype:
-            _refuse(low, "slope of another type")
+            refuse(low, "slope of another type")
         return e("where", [e("lt", [x, s(0.0)]), e("mul", [x, ins[1]]), x])
     if op == "ThresholdedRelu":
         return e("where", [e("gt", [x, s(attrs.get("alpha", 1.0))]), x, s(0.0)])
@@ -254,9 +258,9 @@ def _activation_f32(low, node, ins, attrs):
 def _matmul(low, node, ins, attrs):
     """numpy matmul: 1-d operands gain a dim that is dropped from the result."""
     a, b = ins
-    _need_float(low, a)
+    need_float(low, a)
     if a.type.rank == 0 or b.type.rank == 0:
-        _refuse(low, "MatMul of a scalar")
+        refuse(low, "MatMul of a scalar")
     a2 = low.emit1("reshape", [a], {"shape": [1, a.type.shape[0]]}) if a.type.rank == 1 else a
     b2 = low.emit1("reshape", [b], {"shape": [b.type.shape[0], 1]}) if b.type.rank == 1 else b
     out = low.emit1("matmul", [a2, b2])
@@ -274,7 +278,7 @@ def _matmul(low, node, ins, attrs):
 def _gemm(low, node, ins, attrs):
     a, b = ins[0], ins[1]
     c = ins[2] if len(ins) > 2 else None
-    _need_float(low, a)
+    need_float(low, a)
     if attrs.get("transA", 0):
         a = low.emit1("permute", [a], {"dims": [1, 0]})
     if attrs.get("transB", 0):
@@ -307,9 +311,9 @@ def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations) -> lis
             end.append(big if auto_pad == "SAME_UPPER" else small)
         pads = begin + end
     else:
-        _refuse(low, f"auto_pad={auto_pad!r}")
+        refuse(low, f"auto_pad={auto_pad!r}")
     if pads[:spatial] != pads[spatial:]:
-        _refuse(low, f"asymmetric padding {pads}")
+        refuse(low, f"asymmetric padding {pads}")
     return pads[:spatial]
 
 
@@ -317,10 +321,10 @@ def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations) -> lis
 def _conv(low, node, ins, attrs):
     x, w = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
-    _need_float(low, x)
+    need_float(low, x)
     spatial = x.type.rank - 2
     if spatial not in (1, 2, 3):
-        _refuse(low, f"{spatial}-d convolution")
+        refuse(low, f"{spatial}-d convolution")
     kernel = list(attrs.get("kernel_shape", w.type.shape[2:]))
     strides = list(attrs.get("strides", [1] * spatial))
     dilations = list(attrs.get("dilations", [1] * spatial))
@@ -333,19 +337,19 @@ def _conv(low, node, ins, attrs):
 @handles("MaxPool")
 def _max_pool(low, node, ins, attrs):
     x = ins[0]
-    _need_float(low, x)
+    need_float(low, x)
     if x.type.rank != 4:
-        _refuse(low, f"{x.type.rank - 2}-d max pooling (2-d only)")
+        refuse(low, f"{x.type.rank - 2}-d max pooling (2-d only)")
     if len([o for o in node.output if o]) > 1:
-        _refuse(low, "the Indices output")
+        refuse(low, "the Indices output")
     if attrs.get("storage_order", 0):
-        _refuse(low, "storage_order=1")
+        refuse(low, "storage_order=1")
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides", [1, 1]))
     dilations = list(attrs.get("dilations", [1, 1]))
     padding = _pads(low, attrs, 2, x.type.shape[2:], kernel, strides, dilations)
     if any(p > k // 2 for p, k in zip(padding, kernel)):
-        _refuse(low, f"padding {padding} wider than half the kernel {kernel}")
+        refuse(low, f"padding {padding} wider than half the kernel {kernel}")
     return [low.emit1("max_pool2d", [x], {"kernel": kernel, "stride": strides,
                                           "padding": padding, "dilation": dilations,
                                           "ceil_mode": bool(attrs.get("ceil_mode", 0))})]
@@ -354,10 +358,10 @@ def _max_pool(low, node, ins, attrs):
 @handles("GlobalAveragePool", "GlobalMaxPool")
 def _global_pool(low, node, ins, attrs):
     x = ins[0]
-    _need_float(low, x)
+    need_float(low, x)
     dims = list(range(2, x.type.rank))
     if any(x.type.shape[d] == 0 for d in dims):
-        _refuse(low, "pooling over an empty window")
+        refuse(low, "pooling over an empty window")
     op = "mean" if node.op_type == "GlobalAveragePool" else "amax"
     return [low.emit1(op, [x], {"dims": dims, "keepdim": True})]
 
@@ -365,11 +369,11 @@ def _global_pool(low, node, ins, attrs):
 @handles("BatchNormalization")
 def _batch_norm(low, node, ins, attrs):
     if attrs.get("training_mode", 0) or len([o for o in node.output if o]) > 1:
-        _refuse(low, "training-mode batch normalization")
+        refuse(low, "training-mode batch normalization")
     x, scale, bias, mean, var = ins
-    _need_float(low, x)
+    need_float(low, x)
     if len({v.type.dtype for v in ins}) != 1:
-        _refuse(low, "mixed element types")
+        refuse(low, "mixed element types")
     return [low.emit1("batch_norm", [x, scale, bias, mean, var],
                       {"eps": attrs.get("epsilon", 1e-5)})]
 
@@ -378,12 +382,12 @@ def _batch_norm(low, node, ins, attrs):
 def _layer_norm(low, node, ins, attrs):
     x, scale = ins[0], ins[1]
     bias = ins[2] if len(ins) > 2 else None
-    _need_float(low, x)
-    axis = _axis(low, attrs.get("axis", -1), x.type.rank)
+    need_float(low, x)
+    axis = axis_of(low, attrs.get("axis", -1), x.type.rank)
     normalized = list(x.type.shape[axis:])
     wanted = len([o for o in node.output if o])
     if wanted > 1 and (x.type.dtype != torch.float32 or attrs.get("stash_type", 1) != 1):
-        _refuse(low, "Mean/InvStdDev outputs other than float32")
+        refuse(low, "Mean/InvStdDev outputs other than float32")
     ones = lambda: low.constant(torch.ones(normalized, dtype=x.type.dtype), "ones")
     zeros = lambda: low.constant(torch.zeros(normalized, dtype=x.type.dtype), "zeros")
     direct = list(scale.type.shape) == normalized and (
@@ -402,8 +406,8 @@ def _layer_norm(low, node, ins, attrs):
 @handles("Softmax", "LogSoftmax")
 def _softmax(low, node, ins, attrs):
     x = ins[0]
-    _need_float(low, x)
-    dim = _axis(low, attrs.get("axis", -1), x.type.rank)
+    need_float(low, x)
+    dim = axis_of(low, attrs.get("axis", -1), x.type.rank)
     op = "softmax" if node.op_type == "Softmax" else "log_softmax"
     return [low.emit1(op, [x], {"dim": dim})]
 
@@ -419,265 +423,15 @@ _AXES_INPUT_SINCE = {"ReduceSum": 13, "ReduceMean": 18, "ReduceMax": 18, "Reduce
 def _reduce(low, node, ins, attrs):
     x = ins[0]
     if x.type.dtype not in FLOATS:
-        _refuse(low, f"{node.op_type} of {x.type.dtype}")
+        refuse(low, f"{node.op_type} of {x.type.dtype}")
     if low.opset >= _AXES_INPUT_SINCE[node.op_type]:
         axes = low.ints(ins[1], "axes") if len(ins) > 1 and ins[1] is not None else []
     else:
         axes = list(attrs.get("axes", []))
     if not axes and attrs.get("noop_with_empty_axes", 0):
         return [x]
-    dims = sorted({_axis(low, a, x.type.rank) for a in axes}) if axes else list(range(x.type.rank))
+    dims = sorted({axis_of(low, a, x.type.rank) for a in axes}) if axes else list(range(x.type.rank))
     if any(x.type.shape[d] == 0 for d in dims) or (x.type.rank == 0):
-        _refuse(low, "reduction over an empty set or a scalar")
+        refuse(low, "reduction over an empty set or a scalar")
     return [low.emit1(_REDUCE[node.op_type], [x],
                       {"dims": dims, "keepdim": bool(attrs.get("keepdims", 1))})]
-
-
-# -- shapes ----------------------------------------------------------------------------------
-
-@handles("Shape")
-def _shape(low, node, ins, attrs):
-    shape = list(ins[0].type.shape)
-    rank = len(shape)
-    start = attrs.get("start", 0)
-    end = attrs.get("end", rank)
-    start = min(max(start + rank if start < 0 else start, 0), rank)
-    end = min(max(end + rank if end < 0 else end, 0), rank)
-    return [low.constant(torch.tensor(shape[start:end], dtype=torch.int64), "shape")]
-
-
-@handles("Size")
-def _size(low, node, ins, attrs):
-    return [low.constant(torch.tensor(ins[0].type.numel, dtype=torch.int64), "size")]
-
-
-@handles("Constant")
-def _constant(low, node, ins, attrs):
-    from .importer import tensor_from_proto
-
-    if "value" in attrs:
-        return [low.constant(tensor_from_proto(attrs["value"], where(node)), "const")]
-    for key, dtype in (("value_float", torch.float32), ("value_floats", torch.float32),
-                       ("value_int", torch.int64), ("value_ints", torch.int64)):
-        if key in attrs:
-            return [low.constant(torch.tensor(attrs[key], dtype=dtype), "const")]
-    _refuse(low, f"constant kind {sorted(attrs)}")
-
-
-@handles("ConstantOfShape")
-def _constant_of_shape(low, node, ins, attrs):
-    from .importer import tensor_from_proto
-
-    shape = low.ints(ins[0], "the shape")
-    fill = tensor_from_proto(attrs["value"], where(node)) if "value" in attrs \
-        else torch.zeros(1, dtype=torch.float32)
-    return [low.emit1("full", [], {"shape": shape, "value": fill.reshape(-1)[0].item(),
-                                   "dtype": fill.dtype})]
-
-
-@handles("Range")
-def _range(low, node, ins, attrs):
-    start, limit, delta = (low.require_const(v, "Range bounds") for v in ins)
-    if delta.item() == 0:
-        _refuse(low, "delta of zero")
-    count = max(math.ceil((limit.item() - start.item()) / delta.item()), 0)
-    values = start + delta * torch.arange(count, dtype=start.dtype)
-    return [low.constant(values.to(start.dtype), "range")]
-
-
-@handles("Reshape")
-def _reshape(low, node, ins, attrs):
-    x = ins[0]
-    target = low.ints(ins[1], "the target shape")
-    allowzero = attrs.get("allowzero", 0)
-    shape = [x.type.shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
-    if shape.count(-1) > 1:
-        _refuse(low, f"target shape {target} has several -1")
-    if -1 in shape:
-        known = math.prod(d for d in shape if d != -1)
-        if known == 0:
-            _refuse(low, f"cannot infer -1 in {target} with a zero-size dim")
-        shape[shape.index(-1)] = x.type.numel // known
-    return [low.emit1("reshape", [x], {"shape": shape})]
-
-
-@handles("Flatten")
-def _flatten(low, node, ins, attrs):
-    x = ins[0]
-    rank = x.type.rank
-    axis = attrs.get("axis", 1)
-    axis = axis + rank if axis < 0 else axis
-    if not 0 <= axis <= rank:
-        _refuse(low, f"axis {attrs.get('axis')} out of range")
-    shape = [math.prod(x.type.shape[:axis]), math.prod(x.type.shape[axis:])]
-    return [low.emit1("reshape", [x], {"shape": shape})]
-
-
-@handles("Squeeze", "Unsqueeze")
-def _squeeze(low, node, ins, attrs):
-    x = ins[0]
-    axes = low.ints(ins[1], "axes") if len(ins) > 1 and ins[1] is not None \
-        else list(attrs.get("axes", []))
-    shape = list(x.type.shape)
-    if node.op_type == "Squeeze":
-        dims = {_axis(low, a, len(shape)) for a in axes} if axes else \
-            {i for i, d in enumerate(shape) if d == 1}
-        if any(shape[d] != 1 for d in dims):
-            _refuse(low, f"squeezing a dim that is not 1 (axes {axes} of {shape})")
-        new = [d for i, d in enumerate(shape) if i not in dims]
-    else:
-        rank = len(shape) + len(axes)
-        dims = sorted(_axis(low, a, rank) for a in axes)
-        if len(set(dims)) != len(dims):
-            _refuse(low, f"repeated axes {axes}")
-        new, it = [], iter(shape)
-        for i in range(rank):
-            new.append(1 if i in dims else next(it))
-    return [low.emit1("reshape", [x], {"shape": new})]
-
-
-@handles("Transpose")
-def _transpose(low, node, ins, attrs):
-    rank = ins[0].type.rank
-    perm = list(attrs.get("perm", reversed(range(rank))))
-    return [low.emit1("permute", [ins[0]], {"dims": perm})]
-
-
-@handles("Expand")
-def _expand(low, node, ins, attrs):
-    x = ins[0]
-    target = low.ints(ins[1], "the shape")
-    rank = max(len(target), x.type.rank)
-    a = [1] * (rank - x.type.rank) + list(x.type.shape)
-    b = [1] * (rank - len(target)) + target
-    out = []
-    for p, q in zip(a, b):
-        if p != q and 1 not in (p, q):
-            _refuse(low, f"cannot broadcast {list(x.type.shape)} to {target}")
-        out.append(q if p == 1 else p)
-    return [low.emit1("expand", [x], {"shape": out})]
-
-
-@handles("Concat")
-def _concat(low, node, ins, attrs):
-    values = [v for v in ins if v is not None]
-    axis = _axis(low, attrs["axis"], values[0].type.rank)
-    if len(values) == 1:
-        return [values[0]]
-    return [low.emit1("cat", values, {"dim": axis})]
-
-
-@handles("Split")
-def _split(low, node, ins, attrs):
-    x = ins[0]
-    axis = _axis(low, attrs.get("axis", 0), x.type.rank)
-    size = x.type.shape[axis]
-    count = len(node.output)
-    if len(ins) > 1 and ins[1] is not None:
-        sizes = low.ints(ins[1], "split sizes")
-    elif "split" in attrs:
-        sizes = list(attrs["split"])
-    else:
-        n = attrs.get("num_outputs", count)
-        chunk = -(-size // n)
-        sizes = [min(chunk, size - i * chunk) for i in range(n)]
-    if sum(sizes) != size or len(sizes) != count:
-        _refuse(low, f"split sizes {sizes} do not cover dim {axis} of size {size} in {count} parts")
-    outs, start = [], 0
-    for s in sizes:
-        outs.append(low.emit1("slice", [x], {"dim": axis, "start": start, "end": start + s, "step": 1}))
-        start += s
-    return outs
-
-
-@handles("Slice")
-def _slice(low, node, ins, attrs):
-    x = ins[0]
-    starts = low.ints(ins[1], "starts")
-    ends = low.ints(ins[2], "ends")
-    rank = x.type.rank
-    axes = low.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
-    steps = low.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
-    for start, end, axis, step in zip(starts, ends, axes, steps):
-        if step <= 0:
-            _refuse(low, "negative or zero steps")
-        dim = _axis(low, axis, rank)
-        size = x.type.shape[dim]
-        start = min(max(start + size if start < 0 else start, 0), size)
-        end = min(max(end + size if end < 0 else end, 0), size)
-        end = max(end, start)
-        x = low.emit1("slice", [x], {"dim": dim, "start": start, "end": end, "step": step})
-    return [x]
-
-
-def _normalized_indices(low, indices, size: int):
-    """ONNX indices may be negative (counting from the end)."""
-    if indices.type.dtype not in (torch.int64, torch.int32):
-        _refuse(low, f"indices of type {indices.type.dtype}")
-    if indices.type.dtype != torch.int64:
-        indices = low.emit1("cast", [indices], {"dtype": torch.int64})
-    known = low.const_of(indices)
-    if known is not None:
-        if known.numel() and (known.min() < -size or known.max() >= size):
-            _refuse(low, f"an index is out of range for a dim of size {size}")
-        return low.constant(torch.where(known < 0, known + size, known), "indices")
-    negative = low.emit1("lt", [indices, low.scalar(0, indices)])
-    return low.emit1("where", [negative, low.emit1("add", [indices, low.scalar(size, indices)]),
-                               indices])
-
-
-@handles("Gather")
-def _gather(low, node, ins, attrs):
-    data, indices = ins
-    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
-    indices = _normalized_indices(low, indices, data.type.shape[axis])
-    flat = low.emit1("reshape", [indices], {"shape": [indices.type.numel]})
-    picked = low.emit1("index_select", [data, flat], {"dim": axis})
-    shape = list(data.type.shape[:axis]) + list(indices.type.shape) + list(data.type.shape[axis + 1:])
-    return [low.emit1("reshape", [picked], {"shape": shape})]
-
-
-@handles("GatherElements")
-def _gather_elements(low, node, ins, attrs):
-    data, indices = ins
-    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
-    indices = _normalized_indices(low, indices, data.type.shape[axis])
-    return [low.emit1("gather", [data, indices], {"dim": axis})]
-
-
-@handles("ScatterElements")
-def _scatter_elements(low, node, ins, attrs):
-    data, indices, updates = ins
-    if attrs.get("reduction", "none") != "none":
-        _refuse(low, f"reduction={attrs['reduction']!r}")
-    axis = _axis(low, attrs.get("axis", 0), data.type.rank)
-    indices = _normalized_indices(low, indices, data.type.shape[axis])
-    return [low.emit1("scatter", [data, indices, updates], {"dim": axis})]
-
-
-@handles("GatherND")
-def _gather_nd(low, node, ins, attrs):
-    """data[indices[..., 0], ..., indices[..., k-1]]: the k leading dims are flattened into
-    one, indexed by the linearized indices."""
-    data, indices = ins
-    if attrs.get("batch_dims", 0):
-        _refuse(low, "batch_dims > 0")
-    k = indices.type.shape[-1] if indices.type.rank else 0
-    if indices.type.rank == 0 or k > data.type.rank:
-        _refuse(low, f"indices of shape {list(indices.type.shape)} for data of rank {data.type.rank}")
-    lead = list(data.type.shape[:k])
-    linear = None
-    for j in range(k):
-        part = low.emit1("slice", [indices], {"dim": indices.type.rank - 1, "start": j,
-                                              "end": j + 1, "step": 1})
-        part = _normalized_indices(low, part, lead[j])
-        stride = math.prod(lead[j + 1:])
-        if stride != 1:
-            part = low.emit1("mul", [part, low.scalar(stride, part)])
-        linear = part if linear is None else low.emit1("add", [linear, part])
-    rest = list(data.type.shape[k:])
-    flat_data = low.emit1("reshape", [data], {"shape": [math.prod(lead)] + rest})
-    count = math.prod(indices.type.shape[:-1])
-    flat_index = low.emit1("reshape", [linear], {"shape": [count]})
-    picked = low.emit1("index_select", [flat_data, flat_index], {"dim": 0})
-    return [low.emit1("reshape", [picked], {"shape": list(indices.type.shape[:-1]) + rest})]
