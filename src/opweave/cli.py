@@ -65,7 +65,7 @@ def _opweave_sound(model, config) -> bool:
     entry = model.backends.get("opweave")
     if entry is None:
         return True
-    return entry.ok and (entry.max_abs_diff or 0.0) <= TOLERANCE[config.mode]
+    return entry.ok and entry.accurate(TOLERANCE[config.mode])
 
 
 def main(argv=None) -> int:

@@ -112,6 +112,7 @@ def test_wrong_outputs_are_flagged(fake):
     entries = result.models[0].backends
     assert entries["opweave"].max_abs_diff == pytest.approx(0.5)
     assert "!" in report.terminal(result)
+    assert result.geomean_speedup("opweave") is None  # a fast wrong answer is no speed-up
     assert entries["inductor"].status == "error" and "shape" in entries["inductor"].reason
 
 
@@ -148,6 +149,10 @@ def test_max_abs_diff():
     a = [np.zeros((2,), np.float32), np.array([1.0, 2.0], np.float32)]
     b = [np.zeros((2,), np.float32), np.array([1.0, 2.5], np.float32)]
     assert harness.max_abs_diff(a, b) == pytest.approx(0.5)
+    nan, inf = np.float32("nan"), np.float32("inf")
+    assert harness.max_abs_diff([np.array([nan, 1.0])], [np.array([0.0, 1.0])]) == float("inf")
+    assert harness.max_abs_diff([np.array([inf, 1.0])], [np.array([5.0, 1.0])]) == float("inf")
+    assert harness.max_abs_diff([np.array([nan, inf, 1.0])], [np.array([nan, inf, 1.5])]) == 0.5
     with pytest.raises(ValueError, match="outputs"):
         harness.max_abs_diff(a[:1], b)
 

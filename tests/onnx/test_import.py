@@ -110,3 +110,34 @@ def test_run_command_names_the_missing_dimension(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "dimension 'batch' (input 'X', dim 0) is not known" in err
     assert "Traceback" not in err
+
+
+def test_outputs_never_alias_inputs_or_weights():
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("Y", TensorProto.FLOAT, [6])
+    shape = numpy_helper.from_array(np.array([6], np.int64), "shape")
+    graph = helper.make_graph([helper.make_node("Reshape", ["X", "shape"], ["Y"])], "g", [x], [y],
+                              [shape])
+    model = opweave.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    data = np.ones((2, 3), np.float32)
+    out = model(data)[0]
+    out[0] = 42.0
+    assert data[0, 0] == 1.0
+
+
+def test_an_unsupported_optional_output_is_refused_by_position():
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 1, 4, 4])
+    i = helper.make_tensor_value_info("I", TensorProto.INT64, None)
+    node = helper.make_node("MaxPool", ["X"], ["", "I"], kernel_shape=[2, 2], name="pool")
+    graph = helper.make_graph([node], "g", [x], [i])
+    model = opweave.from_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    with pytest.raises(opweave.onnx.OnnxUnsupported, match="node 'pool'.*output 1"):
+        model(np.zeros((1, 1, 4, 4), np.float32))
+
+
+def test_output_file_gets_exactly_the_given_name(tmp_path):
+    path = tmp_path / "m.onnx"
+    onnx.save(mlp(), path)
+    assert main(["run", str(path), "--dim", "batch=2", "-o", str(tmp_path / "result.bin")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "result.bin"]
+    assert np.load(tmp_path / "result.bin")["Y"].shape == (2, 3)

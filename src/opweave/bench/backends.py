@@ -138,7 +138,8 @@ def _infer_onnxruntime(bench, threads):
     # Spinning stays on (ONNX Runtime's default and fastest); the worker waits for the
     # spinning to stop before it answers, so it never runs on another backend's time.
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    feed = {arg.name: x.numpy() for arg, x in zip(session.get_inputs(), bench.inputs)}
+    tmp.cleanup()  # the session holds the model; do not leave hundreds of MB in /tmp
+    feed = _ort_feed(session, bench.inputs)
 
     def step():
         return session.run(None, feed)
@@ -146,7 +147,22 @@ def _infer_onnxruntime(bench, threads):
     first = step()
     setup_s = time.perf_counter() - start
     return Prepared(step, [np.asarray(o, dtype=np.float32) for o in first], setup_s,
-                    note=note, torch_memory=False, keep=[tmp])
+                    note=note, torch_memory=False)
+
+
+def _ort_feed(session, inputs) -> dict:
+    """Inputs by the session's names, in the module's order; a count mismatch (an input
+    the exporter dropped) is an error, not a silent shift."""
+    names = [arg.name for arg in session.get_inputs()]
+    if len(names) != len(inputs):
+        raise Unavailable(f"the exported model takes {len(names)} inputs ({', '.join(names)}), "
+                          f"the module {len(inputs)}")
+    for arg, x in zip(session.get_inputs(), inputs):
+        shape = [d if isinstance(d, int) else None for d in arg.shape]
+        if len(shape) != x.dim() or any(d is not None and d != s for d, s in zip(shape, x.shape)):
+            raise Unavailable(f"exported input {arg.name!r} has shape {arg.shape}, "
+                              f"the module's is {list(x.shape)}")
+    return {name: x.numpy() for name, x in zip(names, inputs)}
 
 
 # ONNX Runtime's documented best path for transformer models: its transformers optimizer

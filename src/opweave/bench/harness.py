@@ -68,6 +68,10 @@ class BackendResult:
     def ok(self) -> bool:
         return self.status == OK and bool(self.samples)
 
+    def accurate(self, tolerance: float) -> bool:
+        """Checked against eager and within `tolerance` of it."""
+        return self.max_abs_diff is not None and self.max_abs_diff <= tolerance
+
     @property
     def summary(self) -> Summary | None:
         return Summary.of(self.samples) if self.samples else None
@@ -103,9 +107,13 @@ class BenchResult:
     models: list[ModelResult]
 
     def geomean_speedup(self, backend: str, over: str = REFERENCE) -> float | None:
-        """Geometric mean over models where both ran of median(over) / median(backend)."""
+        """Geometric mean of median(over) / median(backend) over the models where both ran
+        and both gave eager's results (a fast wrong answer is no speed-up)."""
+        tolerance = TOLERANCE[self.config.mode]
         ratios = [m.ratios()[backend][over] for m in self.models
-                  if backend in m.medians() and over in m.medians()]
+                  if backend in m.medians() and over in m.medians()
+                  and m.backends[backend].accurate(tolerance)
+                  and m.backends[over].accurate(tolerance)]
         return geometric_mean(ratios) if ratios else None
 
 
@@ -118,15 +126,23 @@ class _NoProgress:
 
 
 def max_abs_diff(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:
-    """Largest absolute difference over corresponding outputs; ValueError on a mismatch."""
+    """Largest absolute difference over corresponding outputs (inf where one side is NaN
+    or infinite and the other is not); ValueError when the outputs do not correspond."""
     if len(got) != len(expected):
         raise ValueError(f"{len(got)} outputs where eager has {len(expected)}")
     worst = 0.0
     for i, (g, e) in enumerate(zip(got, expected)):
         if g.shape != e.shape:
             raise ValueError(f"output {i} has shape {tuple(g.shape)}, eager {tuple(e.shape)}")
-        if g.size:
-            worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - e))))
+        if not g.size:
+            continue
+        g64, e64 = g.astype(np.float64), e.astype(np.float64)
+        same_special = (np.isnan(g64) & np.isnan(e64)) | (np.isinf(e64) & (g64 == e64))
+        if np.any(~np.isfinite(g64) & ~same_special) or np.any(~np.isfinite(e64) & ~same_special):
+            return float("inf")
+        finite = ~same_special
+        if np.any(finite):
+            worst = max(worst, float(np.max(np.abs(g64[finite] - e64[finite]))))
     return worst
 
 
@@ -166,11 +182,11 @@ def run_model(config: BenchConfig, name: str, progress=None,
     progress.set_description(f"{name}: FLOPs")
     with worker_factory(WorkerSpec(log_path=config.log_path(name, None), **spec)) as helper:
         try:
+            result.notes = helper.call("notes", timeout=config.setup_timeout_s)
             result.flops = helper.call("flops", timeout=config.setup_timeout_s)
-        except WorkerError as error:
-            result.notes = f"FLOPs unavailable: {_last_line(str(error))}"
-        bench_notes = helper.call("notes")
-    result.notes = "; ".join(filter(None, [bench_notes, result.notes]))
+        except (WorkerError, BackendUnavailable) as error:
+            result.notes = "; ".join(filter(None, [result.notes, "FLOPs unavailable: "
+                                                   + _last_line(str(error))]))
     progress.update(1)
 
     workers: dict[str, Worker] = {}
@@ -252,10 +268,14 @@ def _measure(config, name, result, workers, progress) -> None:
     progress.update(config.runs - len(round_robin(plan)))
     progress.set_description(f"{name}: memory")
     for backend in ready():
-        memory = call(backend, "memory")
-        if memory:
-            result.backends[backend].peak_rss = memory.get("peak_rss")
-            result.backends[backend].torch_peak = memory.get("torch_peak")
+        entry = result.backends[backend]
+        try:  # a failed memory probe costs the memory figures, not the timings
+            memory = workers[backend].call("memory", timeout=config.setup_timeout_s)
+        except (WorkerError, BackendUnavailable) as error:
+            entry.note = "; ".join(filter(None, [entry.note, "memory not measured: "
+                                                 + _last_line(str(error))]))
+            continue
+        entry.peak_rss, entry.torch_peak = memory.get("peak_rss"), memory.get("torch_peak")
 
 
 def _last_line(text: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 from ..files import atomic_write, atomic_write_bytes
@@ -116,7 +117,8 @@ def _preamble(result: BenchResult) -> list[str]:
 
 def _footnotes(result: BenchResult) -> list[str]:
     notes = ["(Nx) = eager median / backend median: above 1 is faster than eager.",
-             f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g}."]
+             f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g} "
+             f"(left out of the geometric mean)."]
     for model in result.models:
         if model.notes:
             notes.append(f"{model.model}: {model.notes}")
@@ -151,6 +153,17 @@ def markdown(result: BenchResult) -> str:
     return "\n".join(parts)
 
 
+def _finite(value):
+    """JSON has no inf or NaN: write them as strings."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def to_json(result: BenchResult) -> dict:
     models = []
     for model in result.models:
@@ -162,9 +175,9 @@ def to_json(result: BenchResult) -> dict:
             backends[name] = data
         models.append(dict(model=model.model, notes=model.notes, flops=model.flops,
                            backends=backends, ratios=model.ratios()))
-    return dict(format="opweave-bench/1", config=dataclasses.asdict(result.config),
+    return _finite(dict(format="opweave-bench/1", config=dataclasses.asdict(result.config),
                 machine=result.machine, models=models,
-                geomean_speedup_over_eager={b: result.geomean_speedup(b) for b in _backends(result)})
+                geomean_speedup_over_eager={b: result.geomean_speedup(b) for b in _backends(result)}))
 
 
 def write_chart(result: BenchResult, path: Path) -> None:

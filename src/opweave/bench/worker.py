@@ -59,13 +59,16 @@ class Worker:
 
     def call(self, command: str, *args, timeout: float | None = None):
         """Run `command` in the worker and return its result."""
+        if self._conn.closed or not self.process.is_alive():
+            raise WorkerError(f"worker is gone (exit code {self.process.exitcode}); "
+                              f"cannot run {command}")
         try:
             self._conn.send((command, args))
             if not self._conn.poll(timeout):
                 self.close()
                 raise WorkerError(f"{command} timed out after {timeout:.0f} s")
             status, value = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError):
+        except (EOFError, OSError):  # broken pipe, reset, closed handle
             self.process.join(1)
             raise WorkerError(f"worker process died during {command} "
                               f"(exit code {self.process.exitcode})") from None
@@ -182,6 +185,13 @@ class _Session:
         except backends.Unavailable as error:
             raise BackendUnavailable(str(error)) from None
         p = self.prepared
+        if not p.torch_memory:
+            # a runtime with its own copy of the weights: free torch's, so that its
+            # peak RSS counts one copy, as the torch backends' does
+            self._bench = None
+            import gc
+
+            gc.collect()
         return dict(setup_s=p.setup_s, outputs=p.first_outputs, note=p.note,
                     torch_memory=p.torch_memory)
 

@@ -79,13 +79,24 @@ def run_command(args) -> int:
     outputs = model(**inputs)
     named = dict(zip(model.output_names, outputs))
     if args.output:
-        atomic_write(args.output, lambda tmp: np.savez(tmp, **named))
+        atomic_write(args.output, lambda tmp: _savez(tmp, named))
         print(f"wrote {len(named)} output(s) to {args.output}")
     for name, array in named.items():
         flat = np.asarray(array, dtype=np.float64).reshape(-1) if array.size else np.zeros(0)
         preview = np.array2string(flat[:6], precision=4, separator=", ")
         print(f"{name}: {array.dtype}{list(array.shape)} {preview}{' ...' if flat.size > 6 else ''}")
     return 0
+
+
+def _savez(path, arrays: dict) -> None:
+    """An .npz (a zip of .npy files) at exactly `path`; np.savez would append ".npz" to
+    other names, and its `file` parameter would clash with an output named "file"."""
+    import zipfile
+
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, array in arrays.items():
+            with archive.open(f"{name}.npy", "w") as member:
+                np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
 
 def conformance_command(args) -> int:

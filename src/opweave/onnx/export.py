@@ -32,14 +32,21 @@ def _np(tensor: torch.Tensor) -> np.ndarray:
 class _Writer:
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.used = {v.name for v in graph.inputs} | {v.name for n in graph.nodes for v in n.outputs}
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.names: dict[Value, str] = {}
         self._count = 0
+        self.consumed = {v for n in graph.nodes for v in n.inputs} | set(graph.outputs)
 
     def fresh(self, hint: str) -> str:
-        self._count += 1
-        return f"{hint}__{self._count}"
+        """A name no IR value and no earlier generated name has."""
+        while True:
+            self._count += 1
+            name = f"{hint}__{self._count}"
+            if name not in self.used:
+                self.used.add(name)
+                return name
 
     def name(self, value: Value) -> str:
         return self.names.setdefault(value, value.name)
@@ -80,7 +87,7 @@ _REDUCE = {"sum": "ReduceSum", "mean": "ReduceMean", "amax": "ReduceMax", "amin"
 
 def _operand_dtype(node: Node) -> torch.dtype:
     """The dtype torch computes a binary op in (0-d tensors promote like scalars)."""
-    a, b = (torch.empty(v.type.shape, dtype=v.type.dtype) for v in node.inputs)
+    a, b = (torch.empty(v.type.shape, dtype=v.type.dtype, device="meta") for v in node.inputs)
     return torch.result_type(a, b)
 
 
@@ -90,6 +97,9 @@ def _write_node(w: _Writer, node: Node) -> None:
     a = node.attrs
     op = node.op
     out_type = node.outputs[0].type
+    if op in _UNARY or op in _REDUCE or op in ("rsqrt", "log1p", "clamp"):
+        # torch computes these in the output's type (an int exp is float, an int sum i64)
+        ins[0] = w.cast_to(ins[0], node.inputs[0].type.dtype, out_type.dtype)
     if op in _UNARY:
         w.op(_UNARY[op], ins, outs)
     elif op == "rsqrt":
@@ -135,6 +145,9 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "gather":
         w.op("GatherElements", ins, outs, axis=a["dim"])
     elif op == "scatter":
+        if node.inputs[1].type.shape != node.inputs[2].type.shape:
+            raise OnnxExportError(f"scatter with a source larger than its index ({outs[0]}); "
+                                  f"ONNX ScatterElements needs equal shapes")
         w.op("ScatterElements", ins, outs, axis=a["dim"])
     elif op == "conv":
         w.op("Conv", ins, outs, strides=a["stride"], pads=list(a["padding"]) * 2,
@@ -151,16 +164,24 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "any":
         as_int = w.op1("Cast", ins, to=onnx.TensorProto.INT32)
         reduced = w.op1("ReduceMax", [as_int, w.ints(a["dims"], "axes")], keepdims=int(a["keepdim"]))
-        w.op("Cast", [reduced], outs, to=onnx.TensorProto.BOOL)
+        # over an empty set ReduceMax gives INT32_MIN; "> 0" makes that False, as torch
+        w.op("Greater", [reduced, w.const(np.array(0, np.int32), "zero")], outs)
     elif op in ("softmax", "log_softmax"):
         w.op("Softmax" if op == "softmax" else "LogSoftmax", ins, outs, axis=a["dim"])
     elif op == "layer_norm":
         axis = node.inputs[0].type.rank - len(a["normalized_shape"])
-        w.op("LayerNormalization", ins, outs, axis=axis, epsilon=a["eps"])
+        dtype = node.inputs[0].type.dtype
+        # ONNX computes in `stash_type` (float32 unless told) and types Mean/InvStdDev so
+        stash = onnx.TensorProto.DOUBLE if dtype == torch.float64 else onnx.TensorProto.FLOAT
+        if dtype in (torch.float16, torch.bfloat16) and any(
+                v in w.consumed for v in node.outputs[1:]):
+            raise OnnxExportError(f"layer_norm {outs[0]}: half-precision mean/rstd outputs")
+        w.op("LayerNormalization", ins, outs, axis=axis, epsilon=a["eps"], stash_type=stash)
     elif op == "batch_norm":
         w.op("BatchNormalization", ins, outs, epsilon=a["eps"])
-    elif op == "reshape":
-        w.op("Reshape", [ins[0], w.ints(a["shape"])], outs)
+    elif op == "reshape":  # allowzero: a 0 in the target means size 0, as in the IR
+        w.op("Reshape", [ins[0], w.ints(a["shape"])], outs,
+             **({"allowzero": 1} if 0 in a["shape"] else {}))
     elif op == "permute":
         w.op("Transpose", ins, outs, perm=[d % max(out_type.rank, 1) for d in a["dims"]])
     elif op == "expand":

@@ -52,6 +52,13 @@ def tensor_from_proto(proto: onnx.TensorProto, what: str) -> torch.Tensor:
     return torch.from_numpy(np.array(array, copy=True)).to(dtype)
 
 
+def decode_initializers(model: onnx.ModelProto) -> dict[str, torch.Tensor]:
+    """The graph's initializers as tensors, decoded once and shared by every
+    specialization (constants are stored, not copied)."""
+    return {init.name: tensor_from_proto(init, f"initializer {init.name!r}")
+            for init in model.graph.initializer}
+
+
 @dataclass(frozen=True)
 class DeclaredInput:
     """A graph input as declared: element type and dims (int, a symbol name, or None)."""
@@ -168,9 +175,11 @@ def attributes(node: onnx.NodeProto) -> dict:
 class Lowering:
     """The state of one lowering: the IR graph being built and the ONNX name -> Value map."""
 
-    def __init__(self, model: onnx.ModelProto, opset: int, name: str = "onnx"):
+    def __init__(self, model: onnx.ModelProto, opset: int, name: str = "onnx",
+                 initializers: dict[str, torch.Tensor] | None = None):
         self.model = model
         self.opset = opset
+        self.initializers = initializers if initializers is not None else decode_initializers(model)
         self.graph = Graph(name)
         self.values: dict[str, Value] = {}
         self.node: onnx.NodeProto | None = None
@@ -204,8 +213,9 @@ class Lowering:
             full = opdef.full_attrs(attrs or {})
             types = opdef.infer([v.type for v in inputs], full)
         except (registry.ShapeError, ValueError, TypeError) as error:
-            raise OnnxUnsupported(f"{where(self.node)}: {op} does not accept "
-                                  f"{[str(v.type) for v in inputs]} with {attrs}: {error}") from None
+            # a model whose shapes do not fit, or a handler bug: never "unsupported"
+            raise OnnxError(f"{where(self.node)}: {op} does not accept "
+                            f"{[str(v.type) for v in inputs]} with {attrs}: {error}") from None
         known = [self.const_of(v) for v in inputs]
         if (op != "constant" and not opdef.is_random and all(k is not None for k in known)
                 and all(t.numel <= FOLD_LIMIT for t in types)):
@@ -234,15 +244,14 @@ class Lowering:
         onnx_graph = self.model.graph
         input_values = input_values or {}
         for declared in declared_inputs(onnx_graph):
-            if declared.name in input_values:
-                self.values[declared.name] = self.constant(input_values[declared.name],
+            if declared.name in input_values:  # cloned: the caller may reuse its array
+                self.values[declared.name] = self.constant(input_values[declared.name].clone(),
                                                            declared.name)
             else:
                 self.values[declared.name] = self.graph.add_input(declared.name,
                                                                   input_types[declared.name])
-        for init in onnx_graph.initializer:
-            self.values[init.name] = self.constant(
-                tensor_from_proto(init, f"initializer {init.name!r}"), init.name)
+        for name, tensor in self.initializers.items():
+            self.values[name] = self.constant(tensor, name)
         for node in topological_order(onnx_graph, set(self.values)):
             self.node = node
             self._lower_node(node)
@@ -264,11 +273,10 @@ class Lowering:
             raise OnnxUnsupported(f"{where(node)}: ONNX operator {node.op_type!r} is not supported")
         inputs = [self.values[name] if name else None for name in node.input]
         outputs = handler(self, node, inputs, attributes(node))
-        for name, value in zip(node.output, outputs):
-            if name:
-                if value is None:
-                    raise OnnxUnsupported(f"{where(node)}: output {name!r} is not supported")
-                self.values[name] = value
-        if len([n for n in node.output if n]) > len(outputs):
-            raise OnnxUnsupported(f"{where(node)}: only its first {len(outputs)} output(s) "
-                                  f"are supported")
+        for position, name in enumerate(node.output):
+            if not name:
+                continue  # an optional output nobody asked for
+            if position >= len(outputs) or outputs[position] is None:
+                raise OnnxUnsupported(f"{where(node)}: output {position} ({name!r}) is not "
+                                      f"supported")
+            self.values[name] = outputs[position]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import onnx
@@ -12,9 +13,20 @@ from ..ir.types import TensorType
 from ..runtime.executor import Executor
 from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
-from .importer import DeclaredInput, Lowering, declared_inputs, value_inputs
+from .importer import DeclaredInput, Lowering, declared_inputs, decode_initializers, value_inputs
 from .load import default_opset, load_model
 from . import ops_math, ops_shape  # noqa: F401  (register the operator handlers)
+
+
+MAX_SPECIALIZATIONS = 16  # distinct input shapes kept compiled (least recently used go)
+
+
+def _unaliased(outputs, owned) -> list:
+    """Outputs that share memory with an input or a weight (views) are copied, so a
+    caller writing into an output can never change the model or its own inputs."""
+    pointers = {t.untyped_storage().data_ptr() for t in owned if t.numel()}
+    return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in pointers else o
+            for o in outputs]
 
 
 @dataclass
@@ -40,7 +52,8 @@ class OnnxModel:
         self.inputs: list[DeclaredInput] = declared_inputs(self.model.graph)
         self.input_names = [d.name for d in self.inputs]
         self.output_names = [o.name for o in self.model.graph.output]
-        self._cache: dict[tuple, _Specialization] = {}
+        self._cache: OrderedDict[tuple, _Specialization] = OrderedDict()  # LRU
+        self._initializers: dict[str, torch.Tensor] | None = None
         self.value_inputs = value_inputs(self.model.graph)
 
     # -- shapes --------------------------------------------------------------------------
@@ -102,11 +115,18 @@ class OnnxModel:
                             f"axes; give their values to build the graph")
         key = tuple((n, types[n].shape, types[n].dtype) for n in self.input_names) + \
             tuple((n, tuple(values[n].reshape(-1).tolist())) for n in sorted(values))
-        if key not in self._cache:
-            lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx")
-            graph = lowering.lower(types, values)
-            runtime = [n for n in self.input_names if n not in values]
-            self._cache[key] = _Specialization(graph, Executor(graph), runtime)
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        if self._initializers is None:
+            self._initializers = decode_initializers(self.model)
+        lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx",
+                            initializers=self._initializers)
+        graph = lowering.lower(types, values)
+        runtime = [n for n in self.input_names if n not in values]
+        self._cache[key] = _Specialization(graph, Executor(graph), runtime)
+        while len(self._cache) > MAX_SPECIALIZATIONS:
+            self._cache.popitem(last=False)
         return self._cache[key]
 
     def graph(self, dims: dict[str, int] | None = None,
@@ -129,7 +149,8 @@ class OnnxModel:
         self.bind({n: tuple(t.shape) for n, t in tensors.items()})
         types = {n: TensorType(tuple(t.shape), t.dtype) for n, t in tensors.items()}
         spec = self.specialize(types, {n: tensors[n] for n in self.value_inputs})
-        outputs = spec.executor(*[tensors[n] for n in spec.runtime_inputs])
+        outputs = _unaliased(spec.executor(*[tensors[n] for n in spec.runtime_inputs]),
+                             list(tensors.values()) + list(spec.graph.constants.values()))
         return [to_numpy(o) for o in outputs] if as_numpy else list(outputs)
 
     def _arguments(self, args, kwargs) -> dict:

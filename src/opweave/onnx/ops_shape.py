@@ -68,6 +68,8 @@ def _reshape(low, node, ins, attrs):
     x = ins[0]
     target = low.ints(ins[1], "the target shape")
     allowzero = attrs.get("allowzero", 0)
+    if not allowzero and any(d == 0 and i >= x.type.rank for i, d in enumerate(target)):
+        refuse(low, f"target shape {target} copies a dim (0) the input of rank {x.type.rank} lacks")
     shape = [x.type.shape[i] if (d == 0 and not allowzero) else d for i, d in enumerate(target)]
     if shape.count(-1) > 1:
         refuse(low, f"target shape {target} has several -1")
@@ -241,7 +243,7 @@ def _gather_nd(low, node, ins, attrs):
     if attrs.get("batch_dims", 0):
         refuse(low, "batch_dims > 0")
     k = indices.type.shape[-1] if indices.type.rank else 0
-    if indices.type.rank == 0 or k > data.type.rank:
+    if indices.type.rank == 0 or not 0 < k <= data.type.rank:
         refuse(low, f"indices of shape {list(indices.type.shape)} for data of rank {data.type.rank}")
     lead = list(data.type.shape[:k])
     linear = None
