@@ -111,6 +111,19 @@ def wait_until_idle(window_s: float = 0.005, timeout_s: float = 1.0) -> bool:
     return False
 
 
+def _release_freed_memory() -> None:
+    """Collect garbage and hand freed heap pages back to the OS (glibc keeps them
+    otherwise, and they would count in the resident set)."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def limit_threads(threads: int) -> None:
     for name in THREAD_VARIABLES:
         os.environ[name] = str(threads)
@@ -189,9 +202,7 @@ class _Session:
             # a runtime with its own copy of the weights: free torch's, so that its
             # peak RSS counts one copy, as the torch backends' does
             self._bench = None
-            import gc
-
-            gc.collect()
+            _release_freed_memory()
         return dict(setup_s=p.setup_s, outputs=p.first_outputs, note=p.note,
                     torch_memory=p.torch_memory)
 
