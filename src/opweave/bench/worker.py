@@ -97,18 +97,46 @@ class Worker:
         self.close()
 
 
-def wait_until_idle(window_s: float = 0.005, timeout_s: float = 1.0) -> bool:
-    """Wait until this process's threads together use under 10% of one core over a
-    `window_s` window (thread pools spin for a while after work: ONNX Runtime's for about
-    20 ms, OpenMP's shorter). False if they are still busy after `timeout_s`."""
+def wait_until_idle(timeout_s: float = 1.0) -> bool:
+    """Wait until no other thread of this process is running or runnable.
+
+    Thread pools spin for a while after work (ONNX Runtime's for about 20 ms, OpenMP's
+    shorter). A spinning thread is in state R even while another process has its core,
+    so this reads each thread's state (Linux /proc) rather than measuring CPU time, which
+    a descheduled spinner would not show. False if threads still spin after `timeout_s`.
+    """
     deadline = time.perf_counter() + timeout_s
     while time.perf_counter() < deadline:
-        cpu_before, wall_before = time.process_time(), time.perf_counter()
-        time.sleep(window_s)
-        cpu = time.process_time() - cpu_before
-        if cpu < 0.1 * (time.perf_counter() - wall_before):
+        busy = _runnable_threads()
+        if busy is None:  # no /proc: fall back to a short grace period
+            time.sleep(0.05)
             return True
+        if not busy:
+            return True
+        time.sleep(0.001)
     return False
+
+
+def _runnable_threads() -> int | None:
+    """How many threads of this process, other than the calling one, are in state R."""
+    import threading
+
+    me = threading.get_native_id()
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return None
+    count = 0
+    for tid in tids:
+        if int(tid) == me:
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except OSError:  # the thread just exited
+            continue
+        count += state == "R"
+    return count
 
 
 def _release_freed_memory() -> None:
