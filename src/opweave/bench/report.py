@@ -66,7 +66,7 @@ def _marks(result: BenchResult, model: ModelResult, backend: str) -> str:
 def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     peak = result.machine.get("gemm_peak_flops")
     header = ["model", "backend", "median ms", "min ms", "max ms", "vs eager", "setup s",
-              "max|diff|", "peak RSS MiB", "torch peak MiB", "% GEMM peak", "note"]
+              "max abs diff", "peak RSS MiB", "torch peak MiB", "% GEMM peak", "note"]
     rows = []
     for model in result.models:
         for backend in _backends(result):
