@@ -21,11 +21,15 @@ from . import ops_math, ops_shape  # noqa: F401  (register the operator handlers
 MAX_SPECIALIZATIONS = 16  # distinct input shapes kept compiled (least recently used go)
 
 
-def _unaliased(outputs, owned) -> list:
-    """Outputs that share memory with an input or a weight (views) are copied, so a
-    caller writing into an output can never change the model or its own inputs."""
-    pointers = {t.untyped_storage().data_ptr() for t in owned if t.numel()}
-    return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in pointers else o
+def _storages(tensors) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in tensors if t.numel()}
+
+
+def _unaliased(outputs, owned: set[int]) -> list:
+    """Outputs that share memory with an input or a weight (views; `owned` holds their
+    storage addresses) are copied, so a caller writing into an output can never change
+    the model or its own inputs."""
+    return [o.clone() if o.numel() and o.untyped_storage().data_ptr() in owned else o
             for o in outputs]
 
 
@@ -34,6 +38,7 @@ class _Specialization:
     graph: Graph
     executor: Executor
     runtime_inputs: list[str]  # the inputs the graph takes (value inputs are folded in)
+    weight_storages: set[int]  # storage addresses of the constants, for `_unaliased`
 
 
 class OnnxModel:
@@ -124,7 +129,8 @@ class OnnxModel:
                             initializers=self._initializers)
         graph = lowering.lower(types, values)
         runtime = [n for n in self.input_names if n not in values]
-        self._cache[key] = _Specialization(graph, Executor(graph), runtime)
+        self._cache[key] = _Specialization(graph, Executor(graph), runtime,
+                                           _storages(graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
         return self._cache[key]
@@ -150,7 +156,7 @@ class OnnxModel:
         types = {n: TensorType(tuple(t.shape), t.dtype) for n, t in tensors.items()}
         spec = self.specialize(types, {n: tensors[n] for n in self.value_inputs})
         outputs = _unaliased(spec.executor(*[tensors[n] for n in spec.runtime_inputs]),
-                             list(tensors.values()) + list(spec.graph.constants.values()))
+                             spec.weight_storages | _storages(tensors.values()))
         return [to_numpy(o) for o in outputs] if as_numpy else list(outputs)
 
     def _arguments(self, args, kwargs) -> dict:
