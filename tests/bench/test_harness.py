@@ -26,6 +26,8 @@ class FakeWorker:
         FakeWorker.log.append((b, command))
         conf = FakeWorker.behaviour.get(b, {})
         if command == "gemm_peak":
+            if conf.get("calibration_crash"):
+                raise WorkerError("Traceback\nSegmentation fault")
             return 100e9
         if command == "flops":
             return 2e9
@@ -165,3 +167,14 @@ def test_report_survives_a_failed_reference(fake):
     text = report.terminal(result)
     assert "no memory" in text and "error" in text
     report.markdown(result)
+
+
+def test_a_failed_calibration_drops_only_the_roofline(fake):
+    fake.behaviour = {None: dict(calibration_crash=True)}
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    assert result.machine["gemm_peak_flops"] is None
+    assert "Segmentation fault" in result.machine["gemm_peak_error"]
+    assert result.models[0].backends["opweave"].ok
+    header, rows = report.detail_rows(result)
+    assert all(r[header.index("% GEMM peak")] == "-" for r in rows)
+    report.terminal(result)

@@ -166,8 +166,12 @@ def run(config: BenchConfig, progress=None, worker_factory=Worker) -> BenchResul
     machine = machine_description(config)
     helper_spec = WorkerSpec(model=config.models[0] if config.models else "", mode=config.mode,
                              threads=config.threads, log_path=config.log_path("gemm", None))
-    with worker_factory(helper_spec) as helper:
-        peak, cached = roofline.gemm_peak(config.threads, lambda: helper.call("gemm_peak"))
+    try:
+        with worker_factory(helper_spec) as helper:
+            peak, cached = roofline.gemm_peak(config.threads, lambda: helper.call("gemm_peak"))
+    except WorkerError as error:  # no roofline column, but the timings still run
+        peak, cached = None, False
+        machine["gemm_peak_error"] = _last_line(str(error))
     machine.update(gemm_peak_flops=peak, gemm_peak_cached=cached)
     results = [run_model(config, name, progress, worker_factory) for name in config.models]
     return BenchResult(config, machine, results)
@@ -195,8 +199,8 @@ def run_model(config: BenchConfig, name: str, progress=None,
         for backend in config.ordered_backends():
             entry = result.backends[backend] = BackendResult(backend)
             progress.set_description(f"{name}: preparing {backend}")
-            worker = worker_factory(WorkerSpec(backend=backend, log_path=config.log_path(name, backend),
-                                       **spec))
+            log_path = config.log_path(name, backend)
+            worker = worker_factory(WorkerSpec(backend=backend, log_path=log_path, **spec))
             try:
                 prepared = worker.call("prepare", timeout=config.setup_timeout_s)
             except BackendUnavailable as reason:
