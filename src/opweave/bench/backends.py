@@ -18,8 +18,8 @@ import torch
 
 from ..models import BenchmarkModel
 from ..models.base import disable_dropout
+from .worker import INFER, TRAIN
 
-INFER, TRAIN = "infer", "train"
 TRAINING_LR = 1e-3
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..files import atomic_write_bytes
+from .worker import INFER
 
 CACHE_FILE = "gemm_peak.json"
 GEMM_SIZES = (512, 1024, 2048)
@@ -101,7 +102,7 @@ def model_flops(bench, mode: str) -> float:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if mode == "infer":
+        if mode == INFER:
             graphs = opweave_compile(bench.module.eval(), bench.inputs, name=bench.name).graphs
         else:
             from ..models.base import disable_dropout

@@ -16,6 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
+INFER, TRAIN = "infer", "train"  # the two modes a worker measures
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                     "TVM_NUM_THREADS")
 
@@ -25,7 +26,7 @@ class WorkerSpec:
     """What a worker builds: the model, the mode, and the threads it may use."""
 
     model: str
-    mode: str = "infer"
+    mode: str = INFER
     threads: int = 1
     batch: int = 1
     small: bool = False
@@ -267,6 +268,3 @@ class _Session:
         from .roofline import measure_gemm_peak
 
         return measure_gemm_peak()
-
-    def pid(self) -> int:
-        return os.getpid()
