@@ -1,0 +1,1 @@
+"""Graph passes: rewriting by verified rules (equality saturation, greedy, backtracking)."""

@@ -1,0 +1,1 @@
+"""Graph substitution: rules as data, equality saturation with egglog, ILP extraction."""

@@ -1,0 +1,263 @@
+"""Terms: the IR seen as hash-consed e-nodes over numbered classes.
+
+Rewriting works on terms, not on `ir.Graph` nodes: an `ENode` is an op, its attributes
+(frozen, so nodes hash) and its child classes. A class is one value; all e-nodes in a class
+compute it. `TermDag` has exactly one e-node per class (an ordinary graph, used by the
+backtracking search and the soundness checker); the e-graph (`egraph.py`) has many.
+
+Leaves: graph inputs (`input`, by position), constants (`constant`, data in the
+`Store`). A node with several outputs (layer_norm) is a class of tuple type; `get`
+projects one output. Random nodes carry a unique `__uid` so two dropouts never merge.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Union
+
+import torch
+
+from ...ir import Graph, TensorType
+from ...ir import registry
+
+Attrs = tuple[tuple[str, Any], ...]
+ClassType = Union[TensorType, tuple[TensorType, ...]]
+LEAF_OPS = frozenset({"input", "constant"})
+
+
+def freeze(attrs: dict) -> Attrs:
+    return tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items()))
+
+
+def thaw(attrs: Attrs) -> dict:
+    """IR attributes back from frozen ones (internal `__` keys dropped)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in attrs if not k.startswith("__")}
+
+
+@dataclass(frozen=True)
+class ENode:
+    op: str
+    attrs: Attrs
+    children: tuple[int, ...] = ()
+
+    def attr(self, key: str):
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        raise KeyError(f"{self.op} has no attribute {key!r}")
+
+    def attrs_get(self, key: str, default=None):
+        for k, v in self.attrs:
+            if k == key:
+                return v
+        return default
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v}" for k, v in self.attrs if not k.startswith("__"))
+        return f"{self.op}({', '.join(f'c{c}' for c in self.children)}{'; ' + shown if shown else ''})"
+
+
+@dataclass
+class Store:
+    """What one rewrite session knows about every class it ever made: its type, and for
+    constants their data. Views (a TermDag, an e-graph snapshot) share one store."""
+
+    types: dict[int, ClassType] = field(default_factory=dict)
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> data
+    created_by: dict[ENode, str] = field(default_factory=dict)        # e-node -> rule name
+    sources: dict[int, str] = field(default_factory=dict)             # class -> IR source text
+    first_node: dict[int, ENode] = field(default_factory=dict)        # class -> node it began as
+    fold_names: dict[Any, str] = field(default_factory=dict)          # folded term -> constant
+    _ids: Any = field(default_factory=itertools.count)
+    _uids: Any = field(default_factory=itertools.count)
+
+    def new_class(self, type_: ClassType, enode: ENode) -> int:
+        cid = next(self._ids)
+        self.types[cid] = type_
+        self.first_node[cid] = enode
+        return cid
+
+    def add_constant(self, tensor: torch.Tensor, hint: str = "folded") -> ENode:
+        name, i = hint, 0
+        while name in self.constants:
+            i += 1
+            name = f"{hint}_{i}"
+        tensor = tensor.detach().contiguous()
+        self.constants[name] = tensor
+        t = TensorType.of(tensor)
+        return ENode("constant", freeze({"name": name, "shape": list(t.shape), "dtype": t.dtype}))
+
+    def constant_node(self, name: str) -> ENode:
+        t = self.constants[name]
+        return ENode("constant", freeze({"name": name, "shape": list(t.shape), "dtype": t.dtype}))
+
+    def uid(self) -> int:
+        return next(self._uids)
+
+
+def infer(enode: ENode, child_types: list[ClassType]) -> ClassType:
+    """The type of an e-node's value (raises `ShapeError` when the op rejects its inputs)."""
+    if enode.op == "get":
+        return child_types[0][enode.attr("index")]
+    opdef = registry.get(enode.op)
+    types = opdef.infer(child_types, thaw(enode.attrs))
+    return types[0] if len(types) == 1 else tuple(types)
+
+
+class TermDag:
+    """A graph as terms: one e-node per class, hash-consed (equal nodes are one class)."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.node_of: dict[int, ENode] = {}
+        self.class_of: dict[ENode, int] = {}
+        self.inputs: list[int] = []
+        self.roots: list[int] = []
+
+    # -- the view protocol the matcher reads ------------------------------------------------
+    def enodes(self, cid: int) -> list[ENode]:
+        return [self.node_of[cid]]
+
+    def classes(self) -> Iterable[int]:
+        return self.node_of.keys()
+
+    def type(self, cid: int) -> ClassType:
+        return self.store.types[cid]
+
+    def constant(self, cid: int) -> torch.Tensor | None:
+        name = self.constant_name(cid)
+        return None if name is None else self.store.constants[name]
+
+    def constant_name(self, cid: int) -> str | None:
+        node = self.node_of[cid]
+        return node.attr("name") if node.op == "constant" else None
+
+    def find(self, cid: int) -> int:
+        return cid
+
+    # -- building ---------------------------------------------------------------------------
+    def add(self, enode: ENode, type_: ClassType | None = None) -> int:
+        cid = self.class_of.get(enode)
+        if cid is None:
+            if type_ is None:
+                type_ = infer(enode, [self.store.types[c] for c in enode.children])
+            cid = self.store.new_class(type_, enode)
+            self.node_of[cid] = enode
+            self.class_of[enode] = cid
+        return cid
+
+    def reachable(self, roots: Iterable[int] | None = None) -> list[int]:
+        """Classes reachable from `roots` (default: the outputs), children first."""
+        order, seen = [], set()
+        stack = [(c, False) for c in reversed(list(self.roots if roots is None else roots))]
+        while stack:
+            cid, done = stack.pop()
+            if done:
+                order.append(cid)
+                continue
+            if cid in seen:
+                continue
+            seen.add(cid)
+            stack.append((cid, True))
+            stack.extend((c, False) for c in reversed(self.node_of[cid].children) if c not in seen)
+        return order
+
+    def substitute(self, old: int, new: int) -> "TermDag":
+        """A new dag in which every use of class `old` outside `new`'s own subterm reads
+        `new` instead (a graph substitution: the matched root is replaced)."""
+        cone = set(self.reachable([new]))
+        out = TermDag(self.store)
+        out.inputs = list(self.inputs)
+        mapped: dict[int, int] = {}
+        for cid in self.reachable([new] + list(self.roots)):
+            node = self.node_of[cid]
+            children = tuple(mapped[new] if c == old and cid not in cone else mapped[c]
+                             for c in node.children)
+            mapped[cid] = out._put(ENode(node.op, node.attrs, children), cid)
+        out.roots = [mapped[new] if r == old else mapped[r] for r in self.roots]
+        return out
+
+    def _put(self, enode: ENode, like: int) -> int:
+        """Add `enode`, with the type of class `like`; keep `like`'s id when unchanged."""
+        cid = self.class_of.get(enode)
+        if cid is not None:
+            return cid
+        if like not in self.node_of and self.store.first_node.get(like) == enode:
+            cid = like
+        else:
+            cid = self.store.new_class(self.store.types[like], enode)
+            if like in self.store.sources:
+                self.store.sources.setdefault(cid, self.store.sources[like])
+        self.node_of[cid] = enode
+        self.class_of[enode] = cid
+        return cid
+
+
+def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
+    """The graph's values as classes of a TermDag (roots: the graph outputs)."""
+    store = store or Store()
+    dag = TermDag(store)
+    cls: dict[Any, int] = {}
+    for i, value in enumerate(graph.inputs):
+        cls[value] = dag.add(ENode("input", (("index", i),)), value.type)
+        dag.inputs.append(cls[value])
+    for node in graph.nodes:
+        attrs = dict(node.attrs)
+        if node.op == "constant":
+            store.constants[attrs["name"]] = graph.constants[attrs["name"]]
+        if node.opdef.is_random:
+            attrs["__uid"] = store.uid()
+        children = tuple(cls[v] for v in node.inputs)
+        enode = ENode(node.op, freeze(attrs), children)
+        if len(node.outputs) == 1:
+            cls[node.outputs[0]] = cid = dag.add(enode, node.outputs[0].type)
+        else:
+            cid = dag.add(enode, tuple(v.type for v in node.outputs))
+            for i, value in enumerate(node.outputs):
+                cls[value] = dag.add(ENode("get", (("index", i),), (cid,)), value.type)
+        if node.source:
+            store.sources.setdefault(cid, node.source)
+    dag.roots = [cls[v] for v in graph.outputs]
+    return dag
+
+
+def to_graph(choice: dict[int, ENode], roots: list[int], template: Graph, store: Store) -> Graph:
+    """Build an IR graph from one chosen e-node per class (reachable from `roots`), with
+    the inputs and name of `template`."""
+    graph = Graph(template.name)
+    values: dict[int, Any] = {}
+    inputs = [graph.add_input(v.name, v.type) for v in template.inputs]
+    used_constants: dict[str, Any] = {}
+
+    def build(root: int):
+        stack = [(root, False)]
+        while stack:
+            cid, ready = stack.pop()
+            if cid in values:
+                continue
+            node = choice[cid]
+            if not ready:
+                stack.append((cid, True))
+                stack.extend((c, False) for c in node.children if c not in values)
+                continue
+            values[cid] = emit(cid, node)
+
+    def emit(cid: int, node: ENode):
+        if node.op == "input":
+            return inputs[node.attr("index")]
+        if node.op == "get":
+            return values[node.children[0]][node.attr("index")]
+        source = store.sources.get(cid, "")
+        if node.op == "constant":
+            name = node.attr("name")
+            if name not in used_constants:
+                used_constants[name] = graph.add_constant(name, store.constants[name], source=source)
+            return used_constants[name]
+        outs = graph.add(node.op, [values[c] for c in node.children], thaw(node.attrs),
+                         source=source, types=None)
+        return outs[0] if len(outs) == 1 else outs
+
+    for root in roots:
+        build(root)
+    graph.outputs = [values[r] for r in roots]
+    return graph
