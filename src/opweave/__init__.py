@@ -12,11 +12,13 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def compile(model, example_inputs, *, name=None):
-    """Compile `model` for inference on inputs shaped like `example_inputs`."""
+def compile(model, example_inputs, *, name=None, rewrite=None):
+    """Compile `model` for inference on inputs shaped like `example_inputs`.
+    `rewrite`: None (default engine, or $OPWEAVE_REWRITE), False, "eqsat", "greedy",
+    "backtrack", "off", or `opweave.passes.rewrite.pipeline.RewriteOptions`."""
     from .frontends.torch_export import compile as _compile
 
-    return _compile(model, example_inputs, name=name)
+    return _compile(model, example_inputs, name=name, rewrite=rewrite)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True):

@@ -112,9 +112,13 @@ class CompiledProgram:
     """The split graph, callable like the FX graph it came from."""
 
     def __init__(self, gm: fx.GraphModule, constants: dict[fx.Node, torch.Tensor] | None = None,
-                 name: str = "graph", verify_each: bool = True):
+                 name: str = "graph", verify_each: bool = True, rewrite=None):
+        from ..passes.rewrite.pipeline import RewriteOptions
+
         self.gm = gm
         self.name = name
+        self.rewrite_options = RewriteOptions.resolve(rewrite)
+        self.rewrites = []  # one RewriteReport per segment
         graph = gm.graph
         self.constants = dict(constants or {})
         # The runtime arguments: placeholders not bound to constants, in order.
@@ -205,7 +209,20 @@ class CompiledProgram:
         ctx.graph.remove_dead()
         if verify_each:
             verify(ctx.graph)
-        return Executor(ctx.graph)
+        return Executor(self._rewrite(ctx.graph))
+
+    def _rewrite(self, graph: Graph) -> Graph:
+        """The graph after the rewrite pass; the graph as it was if the pass fails."""
+        from ..passes.rewrite.pipeline import rewrite
+
+        try:
+            new, report = rewrite(graph, self.rewrite_options)
+        except Exception as err:  # a rewrite bug must not cost the user their model
+            _warn_once(f"opweave's rewrite pass failed on {graph.name} and was skipped: "
+                       f"{type(err).__name__}: {err}")
+            return graph
+        self.rewrites.append(report)
+        return new
 
     def _plan_frees(self) -> None:
         """After each step, which FX values nobody later needs (dropped to free memory)."""

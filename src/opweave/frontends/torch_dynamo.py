@@ -6,6 +6,7 @@ Registered under the `torch_dynamo_backends` entry point, so it works without
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import torch
@@ -16,11 +17,11 @@ from .program import CompiledProgram
 _counter = itertools.count()
 
 
-def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs):
+def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, rewrite=None):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # AOTAutograd calls compilers under its fake mode
-        program = CompiledProgram(gm, name=f"dynamo_{next(_counter)}")
+        program = CompiledProgram(gm, name=f"dynamo_{next(_counter)}", rewrite=rewrite)
     program.warn_fallbacks()
     compiled_graphs.append(program)
 
@@ -36,9 +37,14 @@ compiled_graphs: list[CompiledProgram] = []
 
 
 def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
-    """The Dynamo backend: `backend(graph_module, example_inputs) -> callable`."""
+    """The Dynamo backend: `backend(graph_module, example_inputs) -> callable`.
+    Options (`torch.compile(..., options={...})`): `rewrite` (see `opweave.compile`)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    backend = aot_autograd(fw_compiler=_compile_aten_graph, bw_compiler=_compile_aten_graph,
+    unknown = set(options) - {"rewrite"}
+    if unknown:
+        raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; known: rewrite")
+    compiler = functools.partial(_compile_aten_graph, rewrite=options.get("rewrite"))
+    backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                            decompositions=decomposition_table())
     return backend(gm, example_inputs)

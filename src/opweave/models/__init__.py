@@ -5,7 +5,7 @@ from typing import Callable
 
 import torch
 
-from .base import BenchmarkModel
+from .base import BenchmarkModel, like_trained
 from .gcn import gcn
 from .transformers_models import bert, resnet50, vit
 from .xmlcnn import xmlcnn
@@ -32,7 +32,9 @@ def build(name: str, small: bool = False) -> BenchmarkModel:
     except KeyError:
         raise KeyError(f"unknown model {name!r}; known: {', '.join(BUILDERS)}") from None
     torch.manual_seed(0)  # the same random weights and inputs on every build
-    return builder(small)
+    model = builder(small)
+    like_trained(model.loss_module)  # shares its parameters with `module`
+    return model
 
 
 __all__ = ["BenchmarkModel", "BUILDERS", "BENCHMARK_SET", "build", "bert", "vit", "resnet50",

@@ -66,3 +66,21 @@ def disable_dropout(module: torch.nn.Module) -> torch.nn.Module:
             if isinstance(getattr(sub, attr, None), float):
                 setattr(sub, attr, 0.0)
     return module
+
+
+def like_trained(module: torch.nn.Module) -> torch.nn.Module:
+    """Spread every constant-valued float parameter and buffer a little, in place.
+
+    Freshly initialized models have zero biases, unit norm scales and zero-mean unit-variance
+    running statistics; trained models do not. Without this, rewrites such as x + 0 = x
+    would remove every bias add and make a random-weight model look faster than a real one.
+    """
+    gen = torch.Generator().manual_seed(1)
+    tensors = list(module.named_parameters()) + list(module.named_buffers())
+    with torch.no_grad():
+        for name, t in tensors:
+            if t.is_sparse or not t.is_floating_point() or t.numel() < 2 or t.min() != t.max():
+                continue
+            noise = torch.randn(t.shape, generator=gen, dtype=t.dtype) * 0.02
+            t.add_(noise.abs() if "var" in name else noise)
+    return module

@@ -6,7 +6,7 @@ which infers types and refuses (`Reject`) what the IR would reject, so a rule ca
 build an ill-typed term. It raises `Reject` itself when a side condition fails. The
 replacement must have the root's exact type; the engines check that too.
 
-Rule sets run in priority order (lowest first); `RULESETS` is the one list of them.
+`RULESETS` is the one list of rule sets, with their priorities.
 """
 from __future__ import annotations
 
@@ -19,15 +19,19 @@ from ...ir import ShapeError, TensorType, registry
 from .pattern import Match, Pattern
 from .term import ClassType, ENode, Store, freeze
 
-# name -> priority (lower runs first) and what the set is for
+# name -> (priority, what the set is for). Equality saturation runs in phases, one per
+# priority: phase p saturates with every set of priority <= p, then extracts the best graph,
+# which the next phase starts from. Merges come last, so they see weights that the earlier
+# phases already folded (a scale folded into Q's weight still merges with K and V).
 RULESETS: dict[str, tuple[int, str]] = {
     "fold": (0, "evaluate ops whose inputs are all constants"),
-    "simplify": (1, "remove identities: x+0, x*1, reshape to the same shape, ..."),
-    "layout": (2, "compose and cancel permute/reshape/slice/cat, move views past ops"),
-    "algebra": (3, "commutativity, associativity, distributivity, strength reduction"),
-    "weights": (4, "fold batch norm, scales and biases into conv/matmul weights"),
-    "merge": (5, "merge parallel matmuls and convolutions that share an input"),
-    "recompose": (6, "recognize decomposed softmax and log-softmax"),
+    "simplify": (0, "remove identities: x+0, x*1, reshape to the same shape, ..."),
+    "weights": (0, "fold batch norm, scales and biases into conv/matmul weights"),
+    "recompose": (0, "recognize decomposed softmax and log-softmax"),
+    "layout": (0, "compose and cancel permute/reshape/slice/cat, move views past ops"),
+    "algebra": (0, "strength reduction, scales through matmuls, matmul identities"),
+    "ac": (1, "commutativity, associativity, distributivity: explores orders, grows fast"),
+    "merge": (2, "merge parallel matmuls and convolutions that share an input"),
 }
 
 
@@ -43,6 +47,7 @@ class Builder:
         self.sink = sink
         self.store = store
         self.rule_name = rule_name
+        self.source = ""  # where the matched root came from; new nodes inherit it
 
     def op(self, name: str, *inputs: int, **attrs) -> int:
         opdef = registry.get(name)
@@ -85,6 +90,9 @@ class Builder:
     def constant_name(self, cid: int) -> str | None:
         return self.view.constant_name(cid)
 
+    def constant_name_of_key(self, key) -> str:
+        return self.store.fold_names[key]
+
     def type(self, cid: int) -> ClassType:
         return self.store.types[cid]
 
@@ -95,6 +103,8 @@ class Builder:
         cid = self.sink.add(enode, type_)
         if self.rule_name:
             self.store.created_by.setdefault(enode, self.rule_name)
+        if self.source:
+            self.store.sources.setdefault(cid, self.source)
         return cid
 
 

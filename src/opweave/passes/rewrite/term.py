@@ -68,6 +68,9 @@ class Store:
     sources: dict[int, str] = field(default_factory=dict)             # class -> IR source text
     first_node: dict[int, ENode] = field(default_factory=dict)        # class -> node it began as
     fold_names: dict[Any, str] = field(default_factory=dict)          # folded term -> constant
+    # constant -> (dim, the constants it concatenates along dim): a folded cat of cats is
+    # one constant whatever the nesting, and merges can tell weights they already hold
+    cat_parts: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
     _ids: Any = field(default_factory=itertools.count)
     _uids: Any = field(default_factory=itertools.count)
 
@@ -90,6 +93,11 @@ class Store:
     def constant_node(self, name: str) -> ENode:
         t = self.constants[name]
         return ENode("constant", freeze({"name": name, "shape": list(t.shape), "dtype": t.dtype}))
+
+    def parts(self, name: str, dim: int) -> tuple[str, ...]:
+        """The constants `name` concatenates along `dim` (itself when it is not a cat)."""
+        entry = self.cat_parts.get(name)
+        return entry[1] if entry and entry[0] == dim else (name,)
 
     def uid(self) -> int:
         return next(self._uids)
@@ -193,6 +201,35 @@ class TermDag:
         return cid
 
 
+def from_choice(store: Store, choice: dict[int, ENode], roots: list[int],
+                inputs: list[int]) -> TermDag:
+    """The dag one e-node per class describes (an extraction's result)."""
+    dag = TermDag(store)
+    dag.inputs = list(inputs)
+    dag.roots = list(roots)
+    for cid in _children_first(choice, roots):
+        node = choice[cid]
+        dag.node_of[cid] = node
+        dag.class_of.setdefault(node, cid)
+    return dag
+
+
+def _children_first(choice: dict[int, ENode], roots: list[int]) -> list[int]:
+    order, seen = [], set()
+    stack = [(r, False) for r in reversed(roots)]
+    while stack:
+        cid, done = stack.pop()
+        if done:
+            order.append(cid)
+            continue
+        if cid in seen:
+            continue
+        seen.add(cid)
+        stack.append((cid, True))
+        stack.extend((c, False) for c in reversed(choice[cid].children) if c not in seen)
+    return order
+
+
 def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
     """The graph's values as classes of a TermDag (roots: the graph outputs)."""
     store = store or Store()
@@ -209,6 +246,7 @@ def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
             attrs["__uid"] = store.uid()
         children = tuple(cls[v] for v in node.inputs)
         enode = ENode(node.op, freeze(attrs), children)
+        store.created_by.setdefault(enode, "")  # an original node: no rule made it
         if len(node.outputs) == 1:
             cls[node.outputs[0]] = cid = dag.add(enode, node.outputs[0].type)
         else:

@@ -9,7 +9,7 @@ from ._helpers import (F32, Const, X, Y, Z, example, filled_with, op, rand, requ
 
 
 def _commutative(name: str):
-    @rule(f"{name}-commute", op(name, X, Y), "algebra",
+    @rule(f"{name}-commute", op(name, X, Y), "ac",
           [example(lambda b, x, y: b.op(name, x, y), (2, 3), (3,))], f"{name}(x, y) = {name}(y, x)")
     def rhs(b, m):
         return b.op(name, m["y"], m["x"])
@@ -25,7 +25,7 @@ def _same_dtype(b, *cids) -> None:
 
 
 def _associative(name: str):
-    @rule(f"{name}-associate", op(name, op(name, X, Y), Z), "algebra",
+    @rule(f"{name}-associate", op(name, op(name, X, Y), Z), "ac",
           [example(lambda b, x, y, z: b.op(name, b.op(name, x, y), z), (2, 3), (3,), (2, 3))],
           f"({name}(x, y), z) = {name}(x, {name}(y, z))")
     def rhs(b, m):
@@ -38,7 +38,7 @@ for _name in ("add", "mul"):
     _associative(_name)
 
 
-@rule("mul-distribute", op("mul", op("add", X, Y), Z), "algebra",
+@rule("mul-distribute", op("mul", op("add", X, Y), Z), "ac",
       [example(lambda b, x, y, z: b.op("mul", b.op("add", x, y), z), (2, 3), (2, 3), (3,))])
 def mul_distribute(b, m):
     """(x + y) z = x z + y z"""
@@ -46,7 +46,7 @@ def mul_distribute(b, m):
     return same(b, m.root, b.op("add", b.op("mul", m["x"], m["z"]), b.op("mul", m["y"], m["z"])))
 
 
-@rule("mul-factor", op("add", op("mul", X, Z), op("mul", Y, Z)), "algebra",
+@rule("mul-factor", op("add", op("mul", X, Z), op("mul", Y, Z)), "ac",
       [example(lambda b, x, y, z: b.op("add", b.op("mul", x, z), b.op("mul", y, z)),
                (2, 3), (2, 3), (3,))])
 def mul_factor(b, m):
@@ -104,7 +104,7 @@ def matmul_associate(b, m):
     return b.op("matmul", m["x"], b.op("matmul", m["y"], m["z"]))
 
 
-@rule("sub-to-add-neg", op("sub", X, Y), "algebra",
+@rule("sub-to-add-neg", op("sub", X, Y), "ac",
       [example(lambda b, x, y: b.op("sub", x, y), (2, 3), (2, 3))])
 def sub_to_add_neg(b, m):
     """x - y = x + (-y)"""
@@ -112,7 +112,7 @@ def sub_to_add_neg(b, m):
     return same(b, m.root, b.op("add", m["x"], b.op("neg", m["y"])))
 
 
-@rule("add-neg-to-sub", op("add", X, op("neg", Y)), "algebra",
+@rule("add-neg-to-sub", op("add", X, op("neg", Y)), "ac",
       [example(lambda b, x, y: b.op("add", x, b.op("neg", y)), (2, 3), (2, 3))])
 def add_neg_to_sub(b, m):
     """x + (-y) = x - y"""

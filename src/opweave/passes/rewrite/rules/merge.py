@@ -6,6 +6,16 @@ from ._helpers import Const, X, attrs_of, example, op, rand, require, rule
 from .weights import _conv_example, _last_dim_vector
 
 
+def _in_order(b, first: int, second: int, dim: int) -> None:
+    """Merge two weights only when every part of the first precedes every part of the
+    second (by name). Weights that share a part never merge (a merged matmul would merge
+    again with its own pieces, without end), and each set of parts is concatenated in one
+    order only, so every way of reaching it folds to the same constant."""
+    a = b.store.parts(b.constant_name(first), dim)
+    c = b.store.parts(b.constant_name(second), dim)
+    require(max(a) < min(c), "weights overlap or are out of order")
+
+
 def _split_last(b, merged: int, first: int, dim: int) -> list[int]:
     t = b.type(merged)
     return [b.op("slice", merged, dim=dim, start=0, end=first),
@@ -20,6 +30,7 @@ def merge_matmul(b, m):
     ta, tb = b.type(m["a"]), b.type(m["b"])
     require(ta.rank == tb.rank == 2 and ta.shape[0] == tb.shape[0] and ta.dtype == tb.dtype,
             "weights do not stack")
+    _in_order(b, m["a"], m["b"], 1)
     merged = b.op("matmul", m["x"], b.op("cat", m["a"], m["b"], dim=1))
     return _split_last(b, merged, ta.shape[1], b.type(merged).rank - 1)
 
@@ -34,6 +45,7 @@ def merge_linear(b, m):
     ta, tb = b.type(m["a"]), b.type(m["b"])
     require(ta.rank == tb.rank == 2 and ta.shape[0] == tb.shape[0] and ta.dtype == tb.dtype,
             "weights do not stack")
+    _in_order(b, m["a"], m["b"], 1)
     p = _last_dim_vector(b, m["p"], ta.shape[1])
     q = _last_dim_vector(b, m["q"], tb.shape[1])
     merged = b.op("add", b.op("matmul", m["x"], b.op("cat", m["a"], m["b"], dim=1)),
@@ -56,6 +68,7 @@ def _merge_conv(name: str, has_bias: bool):
         require(attrs == attrs_of(m.node("c2")) and attrs["groups"] == 1, "different convs")
         t1, t2 = b.type(m["w1"]), b.type(m["w2"])
         require(t1.shape[1:] == t2.shape[1:] and t1.dtype == t2.dtype, "kernels differ")
+        _in_order(b, m["w1"], m["w2"], 0)
         bias = [b.op("cat", m["b1"], m["b2"], dim=0)] if has_bias else []
         merged = b.op("conv", m["x"], b.op("cat", m["w1"], m["w2"], dim=0), *bias, **attrs)
         return _split_last(b, merged, t1.shape[0], 1)

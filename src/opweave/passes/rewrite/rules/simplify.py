@@ -28,12 +28,20 @@ def fold_constants(b, m):
     require(all(v is not None for v in values), "an input is not constant")
     size = sum(v.numel() for v in values)
     require(out.numel <= max(size, FOLD_SMALL), "the result is larger than its inputs")
-    key = (node.op, node.attrs, tuple(b.constant_name(c) for c in node.children))
+    names = tuple(b.constant_name(c) for c in node.children)
+    key = (node.op, node.attrs, names)
+    if node.op == "cat":  # one key for every nesting of the same parts
+        dim = node.attr("dim") % out.rank
+        parts = tuple(p for n in names for p in b.store.parts(n, dim))
+        key = ("cat", dim, parts)
 
     def compute():
         with torch.no_grad():
             return opdef.impl(*values, **attrs_of(node))
-    return b.cached_const(key, compute)
+    cid = b.cached_const(key, compute)
+    if node.op == "cat":
+        b.store.cat_parts.setdefault(b.constant_name_of_key(key), (dim, parts))
+    return cid
 
 
 def _identity(name, pattern, value, doc, build):

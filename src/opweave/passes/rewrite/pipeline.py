@@ -1,0 +1,196 @@
+"""The rewrite pass: an IR graph in, an equal graph that the cost model prefers out, and a
+report of what happened (rules that fired where, estimated cost, time spent).
+
+Engines: `eqsat` (equality saturation in egglog, then ILP extraction with greedy
+extraction as seed and fallback), `backtrack` (TASO's cost-bounded search, kept as the
+comparator), `off`. `OPWEAVE_REWRITE` overrides the default engine.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field, replace
+
+from ...cost import node_seconds
+from ...ir import Graph, verify
+from . import extract
+from .rule import RULESETS, all_rules
+from .saturate import Limits, saturate
+from .term import ENode, Store, from_choice, from_graph, thaw, to_graph
+
+ENGINES = ("eqsat", "backtrack", "off")
+DEFAULT_RULESETS = tuple(RULESETS)
+EXTRACTORS = ("ilp", "greedy")
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    engine: str = "eqsat"
+    extractor: str = "ilp"
+    rulesets: tuple[str, ...] = DEFAULT_RULESETS
+    limits: Limits = Limits()
+    ilp_seconds: float = 4.0
+    backtrack_seconds: float = 8.0
+
+    def __post_init__(self):
+        if self.engine not in ENGINES:
+            raise ValueError(f"unknown rewrite engine {self.engine!r}; choose from {ENGINES}")
+        if self.extractor not in EXTRACTORS:
+            raise ValueError(f"unknown extractor {self.extractor!r}; choose from {EXTRACTORS}")
+        unknown = set(self.rulesets) - set(RULESETS)
+        if unknown:
+            raise ValueError(f"unknown rule sets {sorted(unknown)}; known: {list(RULESETS)}")
+
+    @staticmethod
+    def resolve(value: "RewriteOptions | str | bool | None") -> "RewriteOptions":
+        """Options from what a user passed (`rewrite=` on compile), then the environment:
+        OPWEAVE_REWRITE=off|eqsat|backtrack|greedy (greedy: eqsat with greedy extraction)."""
+        if isinstance(value, RewriteOptions):
+            return value
+        if value is False:
+            return RewriteOptions(engine="off")
+        name = value if isinstance(value, str) else os.environ.get("OPWEAVE_REWRITE", "eqsat")
+        if name == "greedy":
+            return RewriteOptions(extractor="greedy")
+        return RewriteOptions(engine=name)
+
+
+@dataclass
+class RewriteReport:
+    graph: str
+    engine: str
+    cost_before: float = 0.0      # estimated seconds
+    cost_after: float = 0.0
+    seconds: float = 0.0
+    detail: str = ""              # e-graph size and stop reason, or the search's numbers
+    extraction: str = ""
+    fired: dict[str, list[str]] = field(default_factory=dict)  # rule -> where (one per use)
+    nodes_before: int = 0
+    nodes_after: int = 0
+
+    def __str__(self) -> str:
+        if self.engine == "off":
+            return f"rewrite @{self.graph}: off"
+        gain = self.cost_before / self.cost_after if self.cost_after else 1.0
+        lines = [f"rewrite @{self.graph} ({self.engine}): estimated {self.cost_before * 1e3:.3f} ms -> "
+                 f"{self.cost_after * 1e3:.3f} ms ({gain:.2f}x), {self.nodes_before} -> "
+                 f"{self.nodes_after} nodes, {self.seconds:.2f} s",
+                 f"  {self.detail}" + (f"; {self.extraction}" if self.extraction else "")]
+        for name, places in sorted(self.fired.items(), key=lambda kv: -len(kv[1])):
+            where = ", ".join(sorted(set(p for p in places if p)))[:160]
+            lines.append(f"  {name} x{len(places)}" + (f"  at {where}" if where else ""))
+        return "\n".join(lines)
+
+
+def cost_function(store: Store):
+    memo: dict[ENode, float] = {}
+
+    def cost(cid: int, node: ENode) -> float:
+        value = memo.get(node)
+        if value is None:
+            out = store.types[cid]
+            outs = list(out) if isinstance(out, tuple) else [out]
+            ins = [store.types[c] for c in node.children]
+            value = memo[node] = 0.0 if node.op in ("input", "constant", "get") else \
+                node_seconds(node.op, ins, outs, thaw(node.attrs))
+        return value
+    return cost
+
+
+def rewrite(graph: Graph, options: RewriteOptions = RewriteOptions()) -> tuple[Graph, RewriteReport]:
+    report = RewriteReport(graph.name, options.engine, nodes_before=len(graph.nodes))
+    if options.engine == "off":
+        report.nodes_after = len(graph.nodes)
+        return graph, report
+    start = time.perf_counter()
+    store = Store()
+    dag = from_graph(graph, store)
+    cost = cost_function(store)
+    report.cost_before = extract.dag_cost(dag.node_of, dag.roots, cost)
+    rules = all_rules(options.rulesets)
+    if options.engine == "eqsat":
+        choice, roots = _eqsat(dag, rules, options, cost, report)
+    else:
+        from .backtrack import backtrack
+
+        result = backtrack(dag, rules, cost, seconds=options.backtrack_seconds)
+        choice, roots = result.dag.node_of, result.dag.roots
+        report.detail = result.summary()
+    report.cost_after = extract.dag_cost(choice, roots, cost)
+    if report.cost_after >= report.cost_before:
+        report.cost_after = report.cost_before
+        report.nodes_after = len(graph.nodes)
+        report.seconds = time.perf_counter() - start
+        report.extraction += "; no cheaper graph, the original is kept"
+        return graph, report
+    new = to_graph(choice, roots, graph, store)
+    new.remove_dead()
+    verify(new)
+    report.fired = _fired(choice, roots, store)
+    report.nodes_after = len(new.nodes)
+    report.seconds = time.perf_counter() - start
+    return new, report
+
+
+def _eqsat(dag, rules, options, cost, report):
+    """Equality saturation in phases (see `RULESETS`), each followed by extraction."""
+    levels = sorted({r.priority for r in rules})
+    details, extractions = [], []
+    share = Limits(**{**options.limits.__dict__,
+                      "seconds": options.limits.seconds / max(len(levels), 1)})
+    choice, roots = dag.node_of, dag.roots
+    for level in levels:
+        phase_rules = [r for r in rules if r.priority <= level]
+        sat = saturate(dag, phase_rules, share)
+        snap = sat.snapshot
+        roots = [snap.find(r) for r in dag.roots]
+        details.append(f"phase {level}: {snap.node_count} e-nodes / {len(snap.members)} classes, "
+                       f"{sat.iterations} it, {sat.stop}, {sat.seconds:.2f} s")
+        seed = extract.greedy(snap.members, roots, cost)
+        chosen = seed
+        if options.extractor == "ilp":
+            try:
+                chosen = extract.ilp(snap.members, roots, cost,
+                                     time_limit=options.ilp_seconds / len(levels), seed=seed)
+                if chosen.cost > seed.cost:  # a time limit can stop HiGHS above its seed
+                    chosen = replace(seed, status=f"ILP {chosen.status}: greedy kept")
+            except TimeoutError as err:
+                chosen = replace(seed, status=f"ILP failed ({err}): greedy used")
+        extractions.append(f"{chosen.method} {chosen.seconds:.2f} s"
+                           + (f" ({chosen.status})" if chosen.status else "")
+                           + f", {chosen.cost * 1e3:.3f} ms vs greedy {seed.cost * 1e3:.3f} ms")
+        choice = chosen.choice
+        dag = from_choice(dag.store, choice, roots, [snap.find(i) for i in dag.inputs])
+    report.detail = "; ".join(details)
+    report.extraction = "extraction: " + "; ".join(extractions)
+    return choice, roots
+
+
+def _fired(choice: dict[int, ENode], roots: list[int], store: Store) -> dict[str, list[str]]:
+    """Rules whose e-nodes are in the chosen graph, with the source of each use."""
+    fired: dict[str, list[str]] = defaultdict(list)
+    seen, stack = set(), list(roots)
+    while stack:
+        cid = stack.pop()
+        if cid in seen:
+            continue
+        seen.add(cid)
+        node = choice[cid]
+        rule = store.created_by.get(node)
+        if rule:
+            fired[rule].append(_short(store.sources.get(cid, "")))
+        stack.extend(node.children)
+    return dict(fired)
+
+
+def _short(source: str) -> str:
+    """`name @ "file", line N, in f` -> `file:N`."""
+    if '"' not in source:
+        return source.split(" @ ")[0]
+    path = source.split('"')[1].rsplit("/", 1)[-1]
+    line = source.split("line ")[-1].split(",")[0] if "line " in source else "?"
+    return f"{path}:{line}"
+
+
+__all__ = ["RewriteOptions", "RewriteReport", "rewrite", "Counter"]
