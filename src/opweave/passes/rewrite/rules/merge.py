@@ -6,14 +6,19 @@ from ._helpers import Const, X, attrs_of, example, op, rand, require, rule
 from .weights import _conv_example, _last_dim_vector
 
 
-def _in_order(b, first: int, second: int, dim: int) -> None:
-    """Merge two weights only when every part of the first precedes every part of the
-    second (by name). Weights that share a part never merge (a merged matmul would merge
-    again with its own pieces, without end), and each set of parts is concatenated in one
-    order only, so every way of reaching it folds to the same constant."""
+def _swapped(b, first: int, second: int, dim: int) -> bool:
+    """Whether the second weight goes first. Weights are concatenated so that every part
+    of one precedes every part of the other (by name): weights that share a part never
+    merge (a merged matmul would merge again with its own pieces, without end), and each
+    set of parts has one order, so every way of reaching it folds to the same constant."""
     a = b.store.parts(b.constant_name(first), dim)
     c = b.store.parts(b.constant_name(second), dim)
-    require(max(a) < min(c), "weights overlap or are out of order")
+    require(max(a) < min(c) or max(c) < min(a), "weights overlap")
+    return max(c) < min(a)
+
+
+def _in_roots_order(outputs: list[int], swapped: bool) -> list[int]:
+    return outputs[::-1] if swapped else outputs
 
 
 def _split_last(b, merged: int, first: int, dim: int) -> list[int]:
@@ -30,9 +35,11 @@ def merge_matmul(b, m):
     ta, tb = b.type(m["a"]), b.type(m["b"])
     require(ta.rank == tb.rank == 2 and ta.shape[0] == tb.shape[0] and ta.dtype == tb.dtype,
             "weights do not stack")
-    _in_order(b, m["a"], m["b"], 1)
-    merged = b.op("matmul", m["x"], b.op("cat", m["a"], m["b"], dim=1))
-    return _split_last(b, merged, ta.shape[1], b.type(merged).rank - 1)
+    swap = _swapped(b, m["a"], m["b"], 1)
+    first, second = (m["a"], ta.shape[1]), (m["b"], tb.shape[1])
+    (a, width), (c, _) = (second, first) if swap else (first, second)
+    merged = b.op("matmul", m["x"], b.op("cat", a, c, dim=1))
+    return _in_roots_order(_split_last(b, merged, width, b.type(merged).rank - 1), swap)
 
 
 @rule("merge-linear", (op("add", op("matmul", X, Const("a")), Const("p")),
@@ -45,12 +52,12 @@ def merge_linear(b, m):
     ta, tb = b.type(m["a"]), b.type(m["b"])
     require(ta.rank == tb.rank == 2 and ta.shape[0] == tb.shape[0] and ta.dtype == tb.dtype,
             "weights do not stack")
-    _in_order(b, m["a"], m["b"], 1)
-    p = _last_dim_vector(b, m["p"], ta.shape[1])
-    q = _last_dim_vector(b, m["q"], tb.shape[1])
-    merged = b.op("add", b.op("matmul", m["x"], b.op("cat", m["a"], m["b"], dim=1)),
-                  b.op("cat", p, q, dim=0))
-    return _split_last(b, merged, ta.shape[1], b.type(merged).rank - 1)
+    swap = _swapped(b, m["a"], m["b"], 1)
+    first = (m["a"], _last_dim_vector(b, m["p"], ta.shape[1]), ta.shape[1])
+    second = (m["b"], _last_dim_vector(b, m["q"], tb.shape[1]), tb.shape[1])
+    (a, p, width), (c, q, _) = (second, first) if swap else (first, second)
+    merged = b.op("add", b.op("matmul", m["x"], b.op("cat", a, c, dim=1)), b.op("cat", p, q, dim=0))
+    return _in_roots_order(_split_last(b, merged, width, b.type(merged).rank - 1), swap)
 
 
 def _merge_conv(name: str, has_bias: bool):
@@ -68,10 +75,12 @@ def _merge_conv(name: str, has_bias: bool):
         require(attrs == attrs_of(m.node("c2")) and attrs["groups"] == 1, "different convs")
         t1, t2 = b.type(m["w1"]), b.type(m["w2"])
         require(t1.shape[1:] == t2.shape[1:] and t1.dtype == t2.dtype, "kernels differ")
-        _in_order(b, m["w1"], m["w2"], 0)
-        bias = [b.op("cat", m["b1"], m["b2"], dim=0)] if has_bias else []
-        merged = b.op("conv", m["x"], b.op("cat", m["w1"], m["w2"], dim=0), *bias, **attrs)
-        return _split_last(b, merged, t1.shape[0], 1)
+        swap = _swapped(b, m["w1"], m["w2"], 0)
+        first, second = ("w1", "b1", t1), ("w2", "b2", t2)
+        (w, cb, t), (w_, cb_, _) = (second, first) if swap else (first, second)
+        bias = [b.op("cat", m[cb], m[cb_], dim=0)] if has_bias else []
+        merged = b.op("conv", m["x"], b.op("cat", m[w], m[w_], dim=0), *bias, **attrs)
+        return _in_roots_order(_split_last(b, merged, t.shape[0], 1), swap)
     return rhs
 
 

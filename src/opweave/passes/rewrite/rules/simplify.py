@@ -9,7 +9,7 @@ from ._helpers import (F32, Const, Reject, X, Y, any_op, attrs_of, example, fill
 
 # Fold an op over constants when its result is no bigger than this or than its inputs:
 # folding `expand` of a scalar into a large tensor would cost memory and gain nothing.
-FOLD_SMALL = 4096
+FOLD_SMALL = 1 << 16
 
 
 def _fold_example(b):
