@@ -85,19 +85,34 @@ def _infer_inductor_freezing(bench, threads):
     return _infer_inductor(bench, threads, freezing=True)
 
 
-def _infer_opweave(bench, threads):
+def _infer_opweave(bench, threads, rewrite=None):
     import warnings
 
     from ..frontends.torch_export import compile as opweave_compile
     from ..frontends.program import OpweaveFallbackWarning
 
+    compiled = []
+
+    def compile_(m):
+        compiled.append(opweave_compile(m, bench.inputs, name=bench.name, rewrite=rewrite))
+        return compiled[-1]
+
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", OpweaveFallbackWarning)
-        prepared = _infer_torch(bench, lambda m: opweave_compile(m, bench.inputs, name=bench.name))
-    fallbacks = [str(w.message).splitlines()[0] for w in caught
-                 if issubclass(w.category, OpweaveFallbackWarning)]
-    prepared.note = "; ".join(fallbacks)
+        prepared = _infer_torch(bench, compile_)
+    notes = [str(w.message).splitlines()[0] for w in caught
+             if issubclass(w.category, OpweaveFallbackWarning)]
+    program = compiled[-1].program if compiled else None
+    for report in (program.rewrites if program else []):
+        if report.engine != "off":
+            notes.append(f"rewrite {report.cost_before * 1e3:.1f} -> {report.cost_after * 1e3:.1f} "
+                         f"ms est. in {report.seconds:.1f} s")
+    prepared.note = "; ".join(notes)
     return prepared
+
+
+def _infer_opweave_norewrite(bench, threads):
+    return _infer_opweave(bench, threads, rewrite=False)
 
 
 def _export_form(bench: BenchmarkModel) -> tuple[torch.nn.Module, str]:
@@ -294,6 +309,9 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "onnxruntime": {INFER: _infer_onnxruntime, TRAIN: _inference_only("ONNX Runtime")},
     "tvm": {INFER: _infer_tvm, TRAIN: _inference_only("TVM")},
     "opweave": {INFER: _infer_opweave, TRAIN: _train_opweave},
+    # the rewrite pass's contribution: opweave with it turned off
+    "opweave-norewrite": {INFER: _infer_opweave_norewrite,
+                          TRAIN: _inference_only("the rewrite comparison")},
 }
 BACKENDS = tuple(PREPARE)
 

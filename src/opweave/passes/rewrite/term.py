@@ -170,19 +170,21 @@ class TermDag:
             stack.extend((c, False) for c in reversed(self.node_of[cid].children) if c not in seen)
         return order
 
-    def substitute(self, old: int, new: int) -> "TermDag":
-        """A new dag in which every use of class `old` outside `new`'s own subterm reads
-        `new` instead (a graph substitution: the matched root is replaced)."""
-        cone = set(self.reachable([new]))
+    def substitute(self, replace: dict[int, int]) -> "TermDag":
+        """A new dag in which every use of a class `old` in `replace` reads `replace[old]`
+        instead, except inside the replacements themselves (a graph substitution: the
+        matched roots are replaced)."""
+        news = list(replace.values())
+        cone = set(self.reachable(news))
         out = TermDag(self.store)
         out.inputs = list(self.inputs)
         mapped: dict[int, int] = {}
-        for cid in self.reachable([new] + list(self.roots)):
+        for cid in self.reachable(news + list(self.roots)):
             node = self.node_of[cid]
-            children = tuple(mapped[new] if c == old and cid not in cone else mapped[c]
+            children = tuple(mapped[replace[c]] if c in replace and cid not in cone else mapped[c]
                              for c in node.children)
             mapped[cid] = out._put(ENode(node.op, node.attrs, children), cid)
-        out.roots = [mapped[new] if r == old else mapped[r] for r in self.roots]
+        out.roots = [mapped[replace.get(r, r)] for r in self.roots]
         return out
 
     def _put(self, enode: ENode, like: int) -> int:
