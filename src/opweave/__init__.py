@@ -21,11 +21,12 @@ def compile(model, example_inputs, *, name=None, rewrite=None):
     return _compile(model, example_inputs, name=name, rewrite=rewrite)
 
 
-def explain(model, example_inputs, *, name=None, graph_breaks=True):
-    """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks."""
+def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):
+    """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks, and
+    the rewrite pass's rules fired and estimated cost before and after."""
     from .explain import explain as _explain
 
-    return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks)
+    return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite)
 
 
 def from_onnx(source, *, name=None):

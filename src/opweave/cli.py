@@ -12,17 +12,58 @@ def _explain(args) -> int:
 
     bench = models.build(args.model, small=args.small)
     report = explain(bench.module.eval(), bench.inputs, name=args.model,
-                     graph_breaks=not args.no_graph_breaks)
+                     graph_breaks=not args.no_graph_breaks, rewrite=args.rewrite)
     print(report)
     if args.ir:
         import warnings
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            for graph in compile_model(bench.module, bench.inputs, name=args.model).graphs:
+            for graph in compile_model(bench.module, bench.inputs, name=args.model,
+                                       rewrite=args.rewrite).graphs:
                 print()
                 print(graph, end="")
     return 0
+
+
+def _rules(args) -> int:
+    """List the rewrite rules; with --check, test each numerically (and with --prove, by z3)."""
+    from .passes.rewrite.rule import RULESETS, all_rules
+
+    rules = all_rules()
+    print(f"{len(rules)} rules in {len(RULESETS)} sets")
+    for name, (priority, doc) in RULESETS.items():
+        members = [r.name for r in rules if r.ruleset == name]
+        print(f"  {name} (phase {priority}, {len(members)}): {doc}")
+        if args.verbose:
+            print("    " + ", ".join(members))
+    failed = 0
+    if args.check:
+        from .passes.rewrite.soundness import check_rule
+
+        for rule in rules:
+            for problem in check_rule(rule):
+                failed += 1
+                print(f"UNSOUND {problem}")
+        print(f"numerical check: {len(rules) - failed} of {len(rules)} rules pass on their examples")
+    if args.prove:
+        from collections import Counter
+
+        from .passes.rewrite.prove import prove_all, prove_index_rules
+
+        outcomes = prove_all(rules)
+        kinds = Counter(o.split(":")[0].split(" (")[0] for o in outcomes.values())
+        print("z3 (elementwise rules, float32): " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+        for name, outcome in outcomes.items():
+            if outcome.startswith("counterexample") or args.verbose:
+                print(f"  {name}: {outcome}")
+        for name, outcome in prove_index_rules().items():
+            print(f"z3 (index rule) {name}: {outcome}")
+    if args.generate:
+        from .passes.rewrite.generate import generate
+
+        print(generate())
+    return 1 if failed else 0
 
 
 def _demo(args) -> int:
@@ -79,7 +120,15 @@ def main(argv=None) -> int:
     p.add_argument("--ir", action="store_true", help="also print the IR")
     p.add_argument("--no-graph-breaks", action="store_true",
                    help="skip the torch.compile graph-break count (faster)")
+    p.add_argument("--rewrite", choices=("eqsat", "greedy", "backtrack", "off"), default=None,
+                   help="the rewrite engine (default: eqsat, or $OPWEAVE_REWRITE)")
     p.set_defaults(func=_explain)
+    p = sub.add_parser("rules", help="the rewrite rules: list, check, prove, generate")
+    p.add_argument("--check", action="store_true", help="run every rule on its examples")
+    p.add_argument("--prove", action="store_true", help="prove what z3 can decide")
+    p.add_argument("--generate", action="store_true", help="TASO-style rule generation")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(func=_rules)
     p = sub.add_parser("demo", help="compile the benchmark models, compare with eager")
     p.add_argument("models", nargs="*", choices=sorted(models.BUILDERS) + [[]], default=None)
     p.add_argument("--small", action="store_true")

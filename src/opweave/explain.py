@@ -20,6 +20,7 @@ class Explanation:
     flops: int = 0
     bytes_moved: int = 0
     capture_error: str = ""
+    rewrites: list = field(default_factory=list)  # RewriteReport per segment
 
     def __str__(self) -> str:
         cov = self.coverage
@@ -37,6 +38,7 @@ class Explanation:
                 f"{op} x{n} ({cov.reasons.get(op, '')})" for op, n in cov.fallback.most_common()))
         else:
             lines.append("  fallbacks: none")
+        lines.extend(str(r) for r in self.rewrites)
         if self.graph_breaks is None:
             lines.append("  graph breaks under torch.compile: not measured")
         else:
@@ -58,8 +60,9 @@ def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
 
 
 def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-            name: str | None = None, graph_breaks: bool = True) -> Explanation:
-    """Compile `model` as `opweave.compile` does and report coverage and the IR."""
+            name: str | None = None, graph_breaks: bool = True, rewrite=None) -> Explanation:
+    """Compile `model` as `opweave.compile` does and report coverage, the IR (after the
+    rewrite pass) and what the rewrite pass did: rules fired where, cost before and after."""
     import warnings
 
     from .frontends.torch_export import compile as compile_model
@@ -68,7 +71,7 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     name = name or type(model).__name__
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
-        compiled = compile_model(model, example_inputs, name=name)
+        compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite)
     ir_ops: dict[str, int] = {}
     flops = moved = 0
     for graph in compiled.graphs:
@@ -79,4 +82,5 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     ir_ops = dict(sorted(ir_ops.items(), key=lambda kv: (-kv[1], kv[0])))
     breaks, reasons = _dynamo_breaks(model, example_inputs) if graph_breaks else (None, [])
     return Explanation(name, compiled.capture, compiled.coverage, ir_ops, breaks, reasons,
-                       flops, moved, compiled.capture_error)
+                       flops, moved, compiled.capture_error,
+                       compiled.program.rewrites if compiled.program else [])

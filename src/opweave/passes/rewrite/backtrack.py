@@ -4,6 +4,9 @@ Graphs wait in a queue ordered by cost. The cheapest is taken; every match of ev
 in it gives a new graph (the matched roots replaced); graphs costing more than `alpha`
 times the best so far are dropped, and a graph seen before is not queued twice. The search
 stops when the queue is empty or the time is up, and returns the cheapest graph seen.
+Constant folding is not a search decision: every queued graph is folded first (TASO's
+graphs likewise have their weights preprocessed), so a merge is costed with its
+concatenated weights already computed.
 Each step rewrites one place and copies the graph, which is why it needs far more time
 than equality saturation to reach the same graphs (Tensat's observation).
 """
@@ -42,6 +45,8 @@ def backtrack(dag: TermDag, rules: list[Rule], cost: CostFn, *, alpha: float = 1
     def total(d: TermDag) -> float:
         return dag_cost(d.node_of, d.roots, cost)
 
+    folding = [r for r in rules if r.ruleset == "fold"]
+    dag = _fold(dag, folding)
     best, best_cost = dag, total(dag)
     tie = itertools.count()
     queue = [(best_cost, next(tie), dag)]
@@ -64,8 +69,8 @@ def backtrack(dag: TermDag, rules: list[Rule], cost: CostFn, *, alpha: float = 1
                     new = rule.apply(builder, m)
                 except Reject:
                     continue
-                candidate = current.substitute(
-                    {root: cid for root, cid in zip(m.roots, new) if root != cid})
+                candidate = _fold(current.substitute(
+                    {root: cid for root, cid in zip(m.roots, new) if root != cid}), folding)
                 signature = _signature(candidate)
                 if signature in seen:
                     continue
@@ -78,6 +83,23 @@ def backtrack(dag: TermDag, rules: list[Rule], cost: CostFn, *, alpha: float = 1
             if time.perf_counter() > deadline:
                 break
     return SearchResult(best, best_cost, expanded, len(seen), time.perf_counter() - start, stop)
+
+
+def _fold(dag: TermDag, folding: list[Rule]) -> TermDag:
+    """`dag` with every foldable op replaced by the constant it computes."""
+    while True:
+        live = _Live(dag)
+        replace: dict[int, int] = {}
+        for rule in folding:
+            builder = Builder(dag, dag, dag.store, rule.name)
+            for m in find(live, rule.lhs, build_index(live)):
+                try:
+                    replace[m.root] = rule.apply(builder, m)[0]
+                except Reject:
+                    continue
+        if not replace:
+            return dag
+        dag = dag.substitute(replace)
 
 
 class _Live:

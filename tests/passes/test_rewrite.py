@@ -1,0 +1,146 @@
+"""The rewrite pass: e-graph, extraction, engines, and its effect on small graphs."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opweave.ir import Graph, TensorType, verify
+from opweave.passes.rewrite import extract
+from opweave.passes.rewrite.egraph import EGraph
+from opweave.passes.rewrite.pipeline import RewriteOptions, rewrite
+from opweave.passes.rewrite.term import ENode, Store, freeze
+from opweave.runtime import Executor
+
+F32 = torch.float32
+
+
+def _qkv_graph(n=16, d=64) -> Graph:
+    """Three linears over one input, as BERT's attention projections."""
+    torch.manual_seed(0)
+    g = Graph("qkv")
+    x = g.add_input("x", TensorType((n, d), F32))
+    outs = []
+    for name in "qkv":
+        w = g.add_constant(f"w_{name}", torch.randn(d, d))
+        b = g.add_constant(f"b_{name}", torch.randn(d))
+        outs.append(g.add1("add", [g.add1("matmul", [x, w]), b]))
+    g.outputs = outs
+    return g
+
+
+def _same_results(before: Graph, after: Graph, *inputs) -> None:
+    expected = Executor(before)(*inputs)
+    got = Executor(after)(*inputs)
+    for e, a in zip(expected, got):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+
+
+def test_ilp_extraction_merges_qkv_and_greedy_does_not():
+    g = _qkv_graph()
+    x = torch.randn(16, 64)
+    merged, report = rewrite(g, RewriteOptions(extractor="ilp"))
+    assert merged.op_counts().get("matmul") == 1 and merged.op_counts().get("add") == 1
+    assert {"merge-linear"} <= set(report.fired)
+    assert report.cost_after < report.cost_before
+    _same_results(g, merged, x)
+    # greedy extraction counts the shared input once per use: the merge never pays
+    unmerged, greedy_report = rewrite(g, RewriteOptions(extractor="greedy"))
+    assert unmerged.op_counts().get("matmul") == 3
+    assert greedy_report.cost_after >= report.cost_after
+
+
+def test_softmax_is_recomposed_and_scale_folded_into_a_weight():
+    g = Graph("attention_scores")
+    x = g.add_input("x", TensorType((2, 8, 4), F32))
+    w = g.add_constant("w", torch.randn(4, 8))
+    scores = g.add1("mul", [g.add1("matmul", [x, w]), g.add_constant("scale", torch.tensor(0.125))])
+    shifted = g.add1("sub", [scores, g.add1("amax", [scores], {"dims": [2], "keepdim": True})])
+    e = g.add1("exp", [shifted])
+    g.outputs = [g.add1("div", [e, g.add1("sum", [e], {"dims": [2], "keepdim": True})])]
+    new, report = rewrite(g)
+    assert new.op_counts() == {"constant": 1, "matmul": 1, "softmax": 1}
+    assert {"softmax-recompose", "scale-into-linear-weight"} <= set(report.fired)
+    _same_results(g, new, torch.randn(2, 8, 4))
+
+
+def test_batch_norm_folds_into_the_convolution():
+    torch.manual_seed(1)
+    g = Graph("conv_bn")
+    x = g.add_input("x", TensorType((1, 3, 8, 8), F32))
+    conv = g.add1("conv", [x, g.add_constant("w", torch.randn(4, 3, 3, 3))],
+                  {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1]})
+    stats = [g.add_constant(n, t) for n, t in (("g", torch.randn(4)), ("b", torch.randn(4)),
+                                                ("m", torch.randn(4)), ("v", torch.rand(4) + 0.5))]
+    g.outputs = [g.add1("relu", [g.add1("batch_norm", [conv, *stats])])]
+    new, report = rewrite(g)
+    assert "batch_norm" not in new.op_counts() and new.op_counts()["conv"] == 1
+    assert "batchnorm-into-conv" in report.fired
+    _same_results(g, new, torch.randn(1, 3, 8, 8))
+
+
+def test_engine_off_returns_the_graph_itself():
+    g = _qkv_graph()
+    new, report = rewrite(g, RewriteOptions(engine="off"))
+    assert new is g and report.engine == "off" and str(report).endswith("off")
+
+
+def test_backtracking_finds_a_cheaper_equal_graph():
+    g = _qkv_graph(4, 8)
+    new, report = rewrite(g, RewriteOptions(engine="backtrack", backtrack_seconds=2.0))
+    assert report.cost_after < report.cost_before
+    assert "backtracking:" in report.detail
+    verify(new)
+    _same_results(g, new, torch.randn(4, 8))
+
+
+def test_options_are_validated_and_read_from_the_environment(monkeypatch):
+    with pytest.raises(ValueError, match="engine"):
+        RewriteOptions(engine="magic")
+    with pytest.raises(ValueError, match="rule sets"):
+        RewriteOptions(rulesets=("nope",))
+    assert RewriteOptions.resolve(False).engine == "off"
+    monkeypatch.setenv("OPWEAVE_REWRITE", "greedy")
+    assert RewriteOptions.resolve(None).extractor == "greedy"
+    monkeypatch.setenv("OPWEAVE_REWRITE", "off")
+    assert RewriteOptions.resolve(None).engine == "off"
+
+
+def test_egraph_hash_conses_and_unions():
+    store = Store()
+    eg = EGraph(store)
+    t = TensorType((2,), F32)
+    x = eg.add(ENode("input", freeze({"index": 0})), t)
+    a = eg.add(ENode("neg", (), (x,)), t)
+    b = eg.add(ENode("neg", (), (x,)), t)
+    assert a == b  # the same node is the same class
+    c = eg.add(ENode("relu", (), (x,)), t)
+    eg.union(a, c)
+    snap = eg.take_snapshot()
+    assert snap.find(a) == snap.find(c)
+    assert sorted(n.op for n in snap.enodes(a)) == ["neg", "relu"]
+    # congruence: f(a) and f(c) become one class once a = c
+    fa = eg.add(ENode("exp", (), (a,)), t)
+    snap = eg.take_snapshot()
+    assert snap.find(eg.add(ENode("exp", (), (c,)), t)) == snap.find(fa)
+
+
+def _cyclic_egraph():
+    """Class 1 = {f(2), leaf-expensive}; class 2 = {g(1), h(3)}; class 3 = {leaf}. The
+    cheapest-looking choice for 1 and 2 is the cycle f(2), g(1)."""
+    leaf = ENode("constant", freeze({"name": "c"}))
+    members = {
+        1: [ENode("f", (), (2,)), ENode("big", (), ())],
+        2: [ENode("g", (), (1,)), ENode("h", (), (3,))],
+        3: [leaf],
+    }
+    costs = {"f": 1.0, "g": 1.0, "h": 5.0, "big": 100.0, "constant": 0.0}
+    return members, (lambda cid, node: costs[node.op])
+
+
+def test_ilp_extraction_never_returns_a_cycle():
+    members, cost = _cyclic_egraph()
+    result = extract.ilp(members, [1], cost, time_limit=5.0)
+    assert extract._find_cycle(result.choice, [1]) == []
+    assert result.choice[1].op == "f" and result.choice[2].op == "h"
+    assert result.cost == pytest.approx(6.0)
+    assert extract.greedy(members, [1], cost).cost == pytest.approx(6.0)
