@@ -29,11 +29,11 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite)
 
 
-def from_onnx(source, *, name=None):
+def from_onnx(source, *, name=None, rewrite=None):
     """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays."""
     from .onnx import from_onnx as _from_onnx
 
-    return _from_onnx(source, name=name)
+    return _from_onnx(source, name=name, rewrite=rewrite)
 
 
 def to_onnx(graph, path=None):

@@ -49,7 +49,10 @@ class OnnxModel:
     of shapes is lowered and compiled once.
     """
 
-    def __init__(self, source, name: str | None = None):
+    def __init__(self, source, name: str | None = None, rewrite=None):
+        from ..passes.rewrite.pipeline import RewriteOptions
+
+        self.rewrite_options = RewriteOptions.resolve(rewrite)
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -127,13 +130,25 @@ class OnnxModel:
             self._initializers = decode_initializers(self.model)
         lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx",
                             initializers=self._initializers)
-        graph = lowering.lower(types, values)
+        graph = self._rewrite(lowering.lower(types, values))
         runtime = [n for n in self.input_names if n not in values]
         self._cache[key] = _Specialization(graph, Executor(graph), runtime,
                                            _storages(graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
         return self._cache[key]
+
+    def _rewrite(self, graph: Graph) -> Graph:
+        from ..passes.rewrite.pipeline import rewrite
+
+        try:
+            return rewrite(graph, self.rewrite_options)[0]
+        except Exception as err:  # a rewrite bug must not cost the user their model
+            import warnings
+
+            warnings.warn(f"opweave's rewrite pass failed on {self.label} and was skipped: "
+                          f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
+            return graph
 
     def graph(self, dims: dict[str, int] | None = None,
               values: dict | None = None) -> Graph:
@@ -177,6 +192,7 @@ class OnnxModel:
         return arrays
 
 
-def from_onnx(source, name: str | None = None) -> OnnxModel:
-    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable."""
-    return OnnxModel(source, name=name)
+def from_onnx(source, name: str | None = None, rewrite=None) -> OnnxModel:
+    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `rewrite` as
+    in `opweave.compile`."""
+    return OnnxModel(source, name=name, rewrite=rewrite)
