@@ -66,6 +66,17 @@ def _rules(args) -> int:
     return 1 if failed else 0
 
 
+def _rewrite_report(args) -> int:
+    from .passes.rewrite.compare import compare, markdown
+
+    from . import models
+
+    names = args.models or list(models.BENCHMARK_SET)
+    print(markdown(compare(names, small=args.small, engines=args.engines,
+                           backtrack_seconds=args.backtrack_seconds)))
+    return 0
+
+
 def _demo(args) -> int:
     from . import models
     from .demo import TOLERANCE, run
@@ -129,6 +140,14 @@ def main(argv=None) -> int:
     p.add_argument("--generate", action="store_true", help="TASO-style rule generation")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(func=_rules)
+    p = sub.add_parser("rewrite-report", help="rewrite engines compared on benchmark models")
+    p.add_argument("models", nargs="*", choices=sorted(models.BUILDERS) + [[]], default=None,
+                   help="default: the five benchmark models")
+    p.add_argument("--engines", nargs="+", choices=("eqsat", "greedy", "backtrack", "off"),
+                   default=["eqsat", "greedy", "backtrack"])
+    p.add_argument("--backtrack-seconds", type=float, default=10.0)
+    p.add_argument("--small", action="store_true")
+    p.set_defaults(func=_rewrite_report)
     p = sub.add_parser("demo", help="compile the benchmark models, compare with eager")
     p.add_argument("models", nargs="*", choices=sorted(models.BUILDERS) + [[]], default=None)
     p.add_argument("--small", action="store_true")
