@@ -49,16 +49,14 @@ def _rules(args) -> int:
     if args.prove:
         from collections import Counter
 
-        from .passes.rewrite.prove import prove_all, prove_index_rules
+        from .passes.rewrite.prove import prove_all
 
         outcomes = prove_all(rules)
         kinds = Counter(o.split(":")[0].split(" (")[0] for o in outcomes.values())
-        print("z3 (elementwise rules, float32): " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
+        print("z3 (float32 elementwise rules, index rules): " + ", ".join(f"{k} {n}" for k, n in kinds.items()))
         for name, outcome in outcomes.items():
             if outcome.startswith("counterexample") or args.verbose:
                 print(f"  {name}: {outcome}")
-        for name, outcome in prove_index_rules().items():
-            print(f"z3 (index rule) {name}: {outcome}")
     if args.generate:
         from .passes.rewrite.generate import generate
 

@@ -1,24 +1,25 @@
 """Prove rules with z3 where a solver can decide them, instead of trusting random tests.
 
-Elementwise rules: both sides of each example become z3 IEEE float32 expressions (round to
-nearest, ties to even) over one symbolic element per graph input. One element suffices:
-every op is one-to-one under broadcasting, so each output element is the same function
-of one element of each input, and every input value can occur. Constants with several
-elements are proved once per distinct combination of their elements. z3 then asks
-whether the sides can differ. Equal means both NaN, or `fpEQ` (so -0 == +0 counts as
-equal: no rule here may be refused for flipping the sign of a zero).
+Elementwise rules: both sides of each example become z3 IEEE float32 terms (round to
+nearest, ties to even; no flush to zero) over one symbolic element per graph input. One
+element suffices: every op is one-to-one under broadcasting, so each output element is
+the same function of one element of each input, and any input value can occur. Constants
+with several elements are proved once per distinct combination of their elements. Equal
+means both NaN, or `fpEQ`: so -0 == +0 counts as equal (a rule may flip a zero's sign).
 
-Outcomes: "proved exact", "counterexample: <values>" (the rule holds within rounding at
-best; the values are replayed through torch), or "not decidable here (<reason>)". Ops
-z3 does not model exactly (exp, tanh, pow, ...) are uninterpreted functions: a proof
-still holds (it holds for every function), but a counterexample must be replayed.
+Outcomes: "proved exact"; "counterexample: <values>" (it holds within rounding at best;
+torch finds most on random inputs before z3 is asked, and z3's are replayed in torch);
+or "not decidable here (<reason>)". Ops z3 cannot model exactly (exp, tanh, pow, ...)
+become uninterpreted functions: a proof holds for every function, so for them too, but a
+counterexample counts only if torch reproduces it.
 
-Index rules (slice-slice, permute-permute) are proved on their composition formulas over
-symbolic integers, and the rules are checked to compute those formulas.
+Index rules (slice-slice, permute-permute): their composition formulas are proved over
+symbolic integers, and the rules are run to check that they compute those formulas.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import struct
 import time
@@ -40,31 +41,46 @@ PROVED = "proved exact"
 TIMEOUT_MS = 2000
 MAX_CONSTANT_TUPLES = 16
 _OPAQUE = {"exp", "log", "log1p", "rsqrt", "sigmoid", "tanh", "erf", "gelu", "sin", "cos", "pow"}
+_MODELED = {"input", "constant", "add", "sub", "mul", "div", "neg", "abs", "sqrt", "reciprocal",
+            "relu", "maximum", "minimum", "clamp", "cast"} | _OPAQUE
 
 
 class Undecidable(Exception):
     """The graph is outside what the encoding models."""
 
 
-def _fp(value: float):
-    return z3.FPVal(float(np.float32(value)), z3.Float32())
+def _fp(value: float, ctx=None):
+    return z3.FPVal(float(np.float32(value)), fps=z3.Float32(ctx), ctx=ctx)
 
 
 def _float(model, expr) -> float:
-    bits = model.eval(z3.fpToIEEEBV(expr), model_completion=True).as_long()
+    v = model.eval(expr, model_completion=True)  # (fpToIEEEBV leaves NaN's bits free)
+    if v.isNaN() or v.isInf():
+        return float("nan") if v.isNaN() else -float("inf") if v.isNegative() else float("inf")
+    bits = (v.sign() << 31) | (v.exponent_as_long(True) << 23) | v.significand_as_long()
     return struct.unpack("<f", struct.pack("<I", bits))[0]
 
 
-class Encoder:
-    """z3 terms for the classes of one dag, with constants taken from `values`."""
+class _Z3In:
+    """z3's float functions bound to one context (they default to the main one)."""
 
-    def __init__(self, dag: TermDag, values: dict[str, float], names=None):
-        self.dag, self.values, self.names = dag, values, names
-        self.inputs: dict[int, object] = {}      # input index -> FP variable
-        self.opaque: set[str] = set()            # ops encoded as uninterpreted functions
-        self.signed_zero = False                 # a max/min chose between -0 and +0
-        self._functions: dict = {}
-        self._memo: dict[int, object] = {}
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def __getattr__(self, name: str):
+        return functools.partial(getattr(z3, name), ctx=self.ctx)
+
+
+class Encoder:
+    """z3 terms (in z3 context `ctx`; None: the main one) for the classes of one dag, with
+    constants taken from `values`."""
+
+    def __init__(self, dag: TermDag, values: dict[str, float], names=None, ctx=None):
+        self.dag, self.values, self.names, self.ctx = dag, values, names, ctx
+        self.inputs: dict[int, object] = {}  # input index -> FP variable
+        self.opaque: set[str] = set()        # ops encoded as uninterpreted functions
+        self.signed_zero = False             # a max/min chose between -0 and +0
+        self._functions, self._memo = {}, {}
 
     def term(self, cid: int):
         if cid not in self._memo:
@@ -73,44 +89,35 @@ class Encoder:
         return self._memo[cid]
 
     def _node(self, node, a):
-        op, rm = node.op, z3.RNE()
+        op, rm, f32, fp = node.op, z3.RNE(self.ctx), z3.Float32(self.ctx), _Z3In(self.ctx)
+        c = lambda v: _fp(v, self.ctx)  # noqa: E731
         if op == "input":
             k = node.attr("index")
             name = self.names[k] if self.names else f"in{k}"
-            return self.inputs.setdefault(k, z3.FP(name, z3.Float32()))
+            return self.inputs.setdefault(k, z3.FP(name, f32))
         if op == "constant":
-            return _fp(self.values[node.attr("name")])
-        if op == "div" and node.attrs_get("rounding", "none") != "none":
+            return c(self.values[node.attr("name")])
+        if op == "div" and node.attr("rounding") != "none":
             raise Undecidable(f"div rounding={node.attr('rounding')}")
-        binary = {"add": z3.fpAdd, "sub": z3.fpSub, "mul": z3.fpMul, "div": z3.fpDiv}
-        if op in binary:
-            return binary[op](rm, a[0], a[1])
-        if op == "neg":
-            return z3.fpNeg(a[0])
-        if op == "abs":
-            return z3.fpAbs(a[0])
-        if op == "sqrt":
-            return z3.fpSqrt(rm, a[0])
-        if op == "reciprocal":
-            return z3.fpDiv(rm, _fp(1.0), a[0])
-        if op == "relu":  # clamp_min(x, 0): NaN and -0 pass through
-            return z3.If(z3.fpLT(a[0], _fp(0.0)), _fp(0.0), a[0])
+        exact = {"add": lambda x, y: fp.fpAdd(rm, x, y), "sub": lambda x, y: fp.fpSub(rm, x, y),
+                 "mul": lambda x, y: fp.fpMul(rm, x, y), "div": lambda x, y: fp.fpDiv(rm, x, y),
+                 "neg": fp.fpNeg, "abs": fp.fpAbs, "sqrt": lambda x: fp.fpSqrt(rm, x),
+                 "reciprocal": lambda x: fp.fpDiv(rm, c(1.0), x),
+                 "relu": lambda x: z3.If(fp.fpLT(x, c(0.0)), c(0.0), x),  # -0, NaN stay
+                 "cast": lambda x: x}  # float32 to float32 (types are checked)
+        if op in exact:
+            return exact[op](*a)
         if op in ("maximum", "minimum"):
             return self._extremum(op == "maximum", a[0], a[1])
-        if op == "clamp":
-            x = a[0]
-            if node.attr("min") is not None:
-                x = z3.If(z3.fpLT(x, _fp(node.attr("min"))), _fp(node.attr("min")), x)
-            if node.attr("max") is not None:
-                x = z3.If(z3.fpGT(x, _fp(node.attr("max"))), _fp(node.attr("max")), x)
-            return x
-        if op == "cast":  # float32 to float32 (types are checked): the identity
-            return a[0]
+        if op == "clamp":  # below min, then above max (max wins when min > max)
+            lo, hi, x = node.attr("min"), node.attr("max"), a[0]
+            x = x if lo is None else z3.If(fp.fpLT(x, c(lo)), c(lo), x)
+            return x if hi is None else z3.If(fp.fpGT(x, c(hi)), c(hi), x)
         if op in _OPAQUE:
             self.opaque.add(op)
-            key = (op, node.attrs, len(a))
+            key = (op, node.attrs)
             if key not in self._functions:
-                sorts = [z3.Float32()] * (len(a) + 1)
+                sorts = [f32] * (len(a) + 1)
                 self._functions[key] = z3.Function(f"{op}{len(self._functions)}", *sorts)
             return self._functions[key](*a)
         raise Undecidable(f"{op} is not an elementwise op z3 models")
@@ -118,22 +125,23 @@ class Encoder:
     def _extremum(self, is_max: bool, x, y):
         """torch.maximum/minimum: NaN propagates; between -0 and +0 torch's vector and scalar
         paths disagree, so the sign of that zero is left free."""
-        choice = z3.FreshBool("zero_sign")
+        choice, fp = z3.FreshBool("zero_sign", self.ctx), _Z3In(self.ctx)
         self.signed_zero = True
-        better = z3.fpGT(x, y) if is_max else z3.fpLT(x, y)
-        worse = z3.fpLT(x, y) if is_max else z3.fpGT(x, y)
+        better = fp.fpGT(x, y) if is_max else fp.fpLT(x, y)
+        worse = fp.fpLT(x, y) if is_max else fp.fpGT(x, y)
         pick = z3.If(better, x, z3.If(worse, y, z3.If(choice, x, y)))
-        return z3.If(z3.Or(z3.fpIsNaN(x), z3.fpIsNaN(y)), z3.fpNaN(z3.Float32()), pick)
+        return z3.If(z3.Or(fp.fpIsNaN(x), fp.fpIsNaN(y)), z3.fpNaN(z3.Float32(self.ctx)), pick)
 
 
 def _cone(dag: TermDag, roots: list[int]) -> list[int]:
+    """The classes the roots read, when all are float32 values of ops the encoder models."""
     classes = dag.reachable(roots)
+    if any(dag.node_of[c].op not in _MODELED for c in classes):
+        op = next(dag.node_of[c].op for c in classes if dag.node_of[c].op not in _MODELED)
+        raise Undecidable(f"{op} is not an elementwise op z3 models")
     for cid in classes:
-        t = dag.type(cid)
-        if isinstance(t, tuple):
-            raise Undecidable(f"{dag.node_of[cid].op} has several outputs")
-        if t.dtype != torch.float32:
-            raise Undecidable(f"{dag.node_of[cid].op} computes {t.dtype}, not float32")
+        if isinstance(dag.type(cid), tuple) or dag.type(cid).dtype != torch.float32:
+            raise Undecidable(f"{dag.node_of[cid].op} computes {dag.type(cid)}, not float32")
     return classes
 
 
@@ -150,37 +158,71 @@ def _constant_tuples(dag: TermDag, classes: list[int]) -> list[dict[str, float]]
 
 
 def _differ(a, b):
-    return z3.Not(z3.Or(z3.And(z3.fpIsNaN(a), z3.fpIsNaN(b)), z3.fpEQ(a, b)))
+    fp = _Z3In(a.ctx)
+    return z3.Not(z3.Or(z3.And(fp.fpIsNaN(a), fp.fpIsNaN(b)), fp.fpEQ(a, b)))
 
 
-def replay(dag: TermDag, lhs: list[int], rhs: list[int], template: Graph,
-           values: dict[int, float]) -> tuple[float, float] | None:
-    """Run both sides in torch with every input filled with its counterexample value: the
-    first (lhs, rhs) pair of elements that differ, or None when none do."""
-    inputs = [torch.full(v.type.shape, values.get(k, 1.0), dtype=v.type.dtype)
-              for k, v in enumerate(template.inputs)]
+def _first_difference(dag, lhs, rhs, template, inputs):
+    """Run both sides in torch: the first pair of output elements that differ (not both
+    NaN, not ==) as (values of the used inputs there, lhs value, rhs value); or None."""
     for a, b in zip(run(dag, lhs, template, inputs), run(dag, rhs, template, inputs)):
         a, b = torch.broadcast_tensors(a, b)
         differ = ~((a == b) | (a.isnan() & b.isnan()))
         if differ.any():
-            i = differ.reshape(-1).nonzero()[0, 0]
-            return a.reshape(-1)[i].item(), b.reshape(-1)[i].item()
+            i = differ.reshape(-1).nonzero()[0, 0].item()
+            at = {k: torch.broadcast_to(x, a.shape).reshape(-1)[i].item() for k, x in enumerate(inputs)}
+            return at, a.reshape(-1)[i].item(), b.reshape(-1)[i].item()
+    return None
+
+
+def _shown(values: dict[int, float], names) -> str:
+    return ", ".join(f"{names[k] if names else f'in{k}'}={np.float32(v)!s}"
+                     for k, v in sorted(values.items())) or "any input"
+
+
+def _text(values: dict[int, float], a: float, b: float, names) -> str:
+    return f"counterexample: {_shown(values, names)} gives {np.float32(a)!s} vs {np.float32(b)!s}"
+
+
+def probe(dag, lhs, rhs, template: Graph, used: set[int], names=None, seeds: int = 3) -> str | None:
+    """Look for a counterexample with torch on random inputs (compared exactly) before
+    asking z3: a difference found by running the graphs is real, and z3 can take long to
+    find the one that reassociating a sum makes."""
+    for seed in range(seeds):
+        gen = torch.Generator().manual_seed(seed)
+        scale = 10.0 ** (3 * (seed % 3) - 3)
+        inputs = [torch.randn(v.type.shape, generator=gen) * scale for v in template.inputs]
+        found = _first_difference(dag, lhs, rhs, template, inputs)
+        if found:
+            return _text({k: v for k, v in found[0].items() if k in used}, *found[1:], names)
     return None
 
 
 def prove_dag(dag: TermDag, lhs: list[int], rhs: list[int], template: Graph | None = None,
-              timeout_ms: int = TIMEOUT_MS, names=None) -> str:
+              timeout_ms: int = TIMEOUT_MS, names=None, probe_first: bool = True,
+              ctx=None) -> str:
     """Whether classes `lhs` and `rhs` of `dag` are equal for every float32 input.
-    With a `template` (the graph inputs), counterexamples are replayed through torch."""
+    With a `template` (the graph inputs), torch first probes random inputs (unless
+    `probe_first` is false), and z3's counterexamples are replayed through torch.
+    Threads may prove concurrently, each with its own z3 context `ctx`."""
     if z3 is None:
         return "not decidable here (z3 is not installed)"
     deadline = time.monotonic() + timeout_ms / 1000
     try:
-        tuples = _constant_tuples(dag, _cone(dag, lhs + rhs))
+        cone = _cone(dag, lhs + rhs)
+        tuples = _constant_tuples(dag, cone)
+        if template is not None and probe_first:
+            used = {dag.node_of[c].attr("index") for c in cone if dag.node_of[c].op == "input"}
+            found = probe(dag, lhs, rhs, template, used, names)
+            if found:
+                return found
         for values in tuples:
-            enc = Encoder(dag, values, names)
+            enc = Encoder(dag, values, names, ctx)
             pairs = [(enc.term(a), enc.term(b)) for a, b in zip(lhs, rhs)]
-            solver = z3.Solver()
+            # bit-blasting directly is faster on pure float formulas; uninterpreted
+            # functions need the general solver
+            solver = z3.Solver(ctx=ctx) if enc.opaque else z3.Then(
+                "simplify", "fpa2bv", "simplify", "bit-blast", "sat", ctx=ctx).solver()
             solver.set("timeout", max(1, int((deadline - time.monotonic()) * 1000)))
             solver.add(z3.Or([_differ(a, b) for a, b in pairs]))
             result = solver.check()
@@ -194,20 +236,21 @@ def prove_dag(dag: TermDag, lhs: list[int], rhs: list[int], template: Graph | No
 
 
 def _counterexample(dag, lhs, rhs, template, enc: Encoder, model, pairs) -> str:
-    values = {k: _float(model, v) for k, v in sorted(enc.inputs.items())}
-    shown = ", ".join(f"{v}={np.float32(values[k])}" for k, v in sorted(enc.inputs.items()))
-    found = replay(dag, lhs, rhs, template, values) if template is not None else None
-    if found is None:
-        a, b = (_float(model, e) for e in next((a, b) for a, b in pairs if not
-                                               model.eval(z3.Not(_differ(a, b)), True)))
-        if template is not None and (enc.opaque or enc.signed_zero):
-            why = ", ".join(sorted(enc.opaque)) or "the sign of a zero from max/min"
-            raise Undecidable(f"{why} not modeled exactly; z3's counterexample {shown} "
-                              "does not reproduce in torch")
-        suffix = "" if template is None else " (torch does not reproduce it)"
-    else:
-        (a, b), suffix = found, ""
-    return f"counterexample: {shown or 'any input'} gives {np.float32(a)} vs {np.float32(b)}{suffix}"
+    """z3's counterexample, replayed through torch when there is a template."""
+    values = {k: _float(model, v) for k, v in enc.inputs.items()}
+    found = None
+    if template is not None:
+        inputs = [torch.full(v.type.shape, values.get(k, 1.0)) for k, v in enumerate(template.inputs)]
+        found = _first_difference(dag, lhs, rhs, template, inputs)
+    if found:
+        return _text(values, *found[1:], enc.names)
+    if enc.opaque or enc.signed_zero:
+        why = ", ".join(sorted(enc.opaque)) or "the sign of a zero from max/min"
+        raise Undecidable(f"{why} not modeled exactly; z3's counterexample {_shown(values, enc.names)} "
+                          + ("is not run" if template is None else "does not reproduce in torch"))
+    l, r = next((l, r) for l, r in pairs if z3.is_true(model.eval(_differ(l, r), True)))
+    suffix = "" if template is None else " (torch does not reproduce it)"
+    return _text(values, _float(model, l), _float(model, r), enc.names) + suffix
 
 
 def prove_rule(rule: Rule, timeout_ms: int = TIMEOUT_MS) -> str:
@@ -235,61 +278,68 @@ def prove_all(rules: list[Rule] | None = None, timeout_ms: int = TIMEOUT_MS) -> 
 
 # -- index rules ----------------------------------------------------------------------------
 
-def _valid(claim, *assumptions, timeout_ms: int = TIMEOUT_MS) -> bool:
+def _refute(claim, *assumptions) -> str | None:
+    """None when the assumptions imply `claim`; else why not."""
     solver = z3.Solver()
-    solver.set("timeout", timeout_ms)
+    solver.set("timeout", TIMEOUT_MS)
     solver.add(*assumptions, z3.Not(claim))
-    return solver.check() == z3.unsat
+    result = solver.check()
+    if result == z3.unsat:
+        return None
+    return f"counterexample: {solver.model()}" if result == z3.sat else \
+        f"not decidable here (z3: {solver.reason_unknown()})"
 
 
 def prove_slice_slice() -> str:
-    """Slicing [s1::t1] then [s2::t2] is slicing [s1 + t1 s2 :: t1 t2] (starts normalized to
-    be >= 0, which Python's range does), and ending at last + 1 keeps exactly n elements.
-    Then the rule is run on a grid of slices, negative and overlong bounds included."""
+    """x[s1::t1][s2::t2] is x[s1 + t1 s2 :: t1 t2] (starts >= 0: Python's range normalizes
+    them), and ending at the last element + 1, as the rule does, keeps exactly n elements.
+    Then the rule runs on a grid of slices, negative and overlong bounds included."""
     if z3 is None:
         return "not decidable here (z3 is not installed)"
     s1, t1, s2, t2, k, n = z3.Ints("s1 t1 s2 t2 k n")
     ranges = [s1 >= 0, t1 >= 1, s2 >= 0, t2 >= 1, k >= 0, n >= 1]
     start, step = s1 + t1 * s2, t1 * t2
-    if not _valid(s1 + t1 * (s2 + t2 * k) == start + step * k, *ranges):
-        return "counterexample: element k of the composed slice"
-    end = start + step * (n - 1) + 1  # the rule's end: the last element + 1
-    if not _valid((end - start + step - 1) / step == n, *ranges):  # len(range(start, end, step))
-        return "counterexample: the composed slice's length"
+    end = start + step * (n - 1) + 1
+    for what, claim in (("element k", s1 + t1 * (s2 + t2 * k) == start + step * k),
+                        ("length", (end - start + step - 1) / step == n)):  # len(range(...))
+        failed = _refute(claim, *ranges)
+        if failed:
+            return f"{failed} (the composed slice's {what})"
     grid = [(s, e, t) for s in (-8, -3, 0, 2) for e in (-1, 4, 100) for t in (1, 3)]
     for (a, b, c), (d, e, f) in itertools.product(grid, grid):
-        want = list(range(7))[a:b:c][d:e:f]
-        got = _rewrite(_rule("slice-slice"), (7,), lambda bd, x: bd.op(
+        got = _rewrite("slice-slice", (7,), lambda bd, x: bd.op(
             "slice", bd.op("slice", x, dim=0, start=a, end=b, step=c), dim=0, start=d, end=e, step=f))
-        if got is not False and (list(range(7))[got["start"]:got["end"]:got["step"]] if got else []) != want:
-            return f"counterexample: x[{a}:{b}:{c}][{d}:{e}:{f}] rewritten to {got}"
+        seven = list(range(7))
+        if got is not False and (seven[got["start"]:got["end"]:got["step"]] if got else []) \
+                != seven[a:b:c][d:e:f]:
+            return f"counterexample: the rule rewrites x[{a}:{b}:{c}][{d}:{e}:{f}] to {got}"
     return PROVED
 
 
-def prove_permute_permute(max_rank: int = 5, compose=lambda p, q, gather: gather(p, q)) -> str:
+def prove_permute_permute(max_rank: int = 5, compose=lambda p, q, j: p[q[j]]) -> str:
     """permute(permute(x, p), q) = permute(x, d) with d[j] = p[q[j]], for symbolic
-    permutations p, q of each rank up to `max_rank`: equal shapes, and every result index
-    reads the same element of x. Then the rule is run on every pair of rank-3 permutations.
-    `compose(p, q, gather)` is the formula proved (tests pass wrong ones)."""
+    permutations p, q (z3 arrays) of each rank up to `max_rank`. permute(y, q) at index i
+    reads y at the index b with b[q[j]] = i[j], and its shape is shape(y)[q[j]]; the claim
+    is that d is a permutation and both sides read the same element and have the same
+    shape. Then the rule runs on every pair of rank-3 permutations. `compose(p, q, j)` is
+    the formula proved (tests pass wrong ones)."""
     if z3 is None:
         return "not decidable here (z3 is not installed)"
     for rank in range(1, max_rank + 1):
-        p, q, i, s = (z3.IntVector(name, rank) for name in "pqis")
-        perms = [z3.Distinct(*p), z3.Distinct(*q)] + [z3.And(0 <= v, v < rank) for v in p + q]
-
-        def gather(vec, dims):  # vec[dims[j]] for each j: a permuted shape
-            return [z3.Sum([z3.If(dims[j] == k, vec[k], 0) for k in range(rank)]) for j in range(rank)]
-
-        def scatter(index, dims):  # the input index a result index reads: a[dims[j]] = index[j]
-            return [z3.Sum([z3.If(dims[j] == k, index[j], 0) for j in range(rank)]) for k in range(rank)]
-
-        d = compose(p, q, gather)
-        claim = z3.And([z3.Distinct(*d)] + [a == b for a, b in zip(gather(gather(s, p), q), gather(s, d))]
-                       + [a == b for a, b in zip(scatter(scatter(i, q), p), scatter(i, d))])
-        if not _valid(claim, *perms):
-            return f"counterexample at rank {rank}"
+        p, q, i, b, a, s = (z3.Array(name, z3.IntSort(), z3.IntSort()) for name in "pqibas")
+        js = range(rank)
+        d = [compose(p, q, j) for j in js]
+        facts = [z3.Distinct(*[p[j] for j in js]), z3.Distinct(*[q[j] for j in js])]
+        facts += [z3.And(0 <= m[j], m[j] < rank) for m in (p, q) for j in js]
+        facts += [b[q[j]] == i[j] for j in js] + [a[p[k]] == b[k] for k in js]
+        claim = z3.And([z3.Distinct(*d)] + [z3.And(0 <= e, e < rank) for e in d]
+                       + [a[e] == i[j] for j, e in zip(js, d)]           # the same element
+                       + [s[p[q[j]]] == s[e] for j, e in zip(js, d)])    # the same shape
+        failed = _refute(claim, *facts)
+        if failed:
+            return f"{failed} (rank {rank})"
     for p, q in itertools.product(itertools.permutations(range(3)), repeat=2):
-        got = _rewrite(_rule("permute-permute"), (2, 3, 4), lambda bd, x: bd.op(
+        got = _rewrite("permute-permute", (2, 3, 4), lambda bd, x: bd.op(
             "permute", bd.op("permute", x, dims=list(p)), dims=list(q)))
         if not got or list(got["dims"]) != [p[j] for j in q]:
             return f"counterexample: the rule composes {p} then {q} into {got}"
@@ -300,23 +350,19 @@ def prove_index_rules() -> dict[str, str]:
     return {name: prove() for name, prove in _INDEX_PROOFS.items()}
 
 
-def _rule(name: str) -> Rule:
-    return next(r for r in all_rules() if r.name == name)
-
-
-def _rewrite(rule: Rule, shape, build):
-    """The attributes of the node `rule` rewrites `build`'s graph into; None when the rule
-    rejects it, False when the graph itself cannot be built."""
-    probe = dataclasses.replace(rule, examples=(Example((shape,), build),))
+def _rewrite(name: str, shape, build):
+    """The attributes of the node rule `name` rewrites `build`'s graph into; None when the
+    rule rejects it, False when the graph itself cannot be built."""
+    rule = next(r for r in all_rules() if r.name == name)
+    rule = dataclasses.replace(rule, examples=(Example((shape,), build),))
     try:
-        dag, roots, _ = example_dag(probe, 0)
+        dag, roots, _ = example_dag(rule, 0)
     except Reject:
         return False
     try:
-        new = rewrite_example(probe, dag, roots)[0]
+        return thaw(dag.node_of[rewrite_example(rule, dag, roots)[0]].attrs)
     except Reject:
         return None
-    return thaw(dag.node_of[new].attrs)
 
 
 _INDEX_PROOFS = {"slice-slice": prove_slice_slice, "permute-permute": prove_permute_permute}
