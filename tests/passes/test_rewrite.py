@@ -58,7 +58,7 @@ def test_softmax_is_recomposed_and_scale_folded_into_a_weight():
     e = g.add1("exp", [shifted])
     g.outputs = [g.add1("div", [e, g.add1("sum", [e], {"dims": [2], "keepdim": True})])]
     new, report = rewrite(g)
-    assert new.op_counts() == {"constant": 1, "matmul": 1, "softmax": 1}
+    assert new.op_counts() == {"constant": 1, "permute": 1, "matmul": 1, "softmax": 1}
     assert {"softmax-recompose", "scale-into-linear-weight"} <= set(report.fired)
     _same_results(g, new, torch.randn(2, 8, 4))
 
@@ -144,3 +144,20 @@ def test_ilp_extraction_never_returns_a_cycle():
     assert result.choice[1].op == "f" and result.choice[2].op == "h"
     assert result.cost == pytest.approx(6.0)
     assert extract.greedy(members, [1], cost).cost == pytest.approx(6.0)
+
+
+def test_gemm_weights_are_stored_transposed_and_read_through_a_view():
+    from opweave.passes.gemm_layout import transpose_gemm_weights
+
+    g = _qkv_graph(4, 8)
+    x = torch.randn(4, 8)
+    before = Executor(g)(x)
+    assert transpose_gemm_weights(g) == 3
+    verify(g)
+    for node in g.nodes:
+        if node.op == "matmul":
+            view = node.inputs[1].producer
+            assert view.op == "permute" and view.inputs[0].producer.op == "constant"
+    for a, e in zip(Executor(g)(x), before):
+        torch.testing.assert_close(a, e)
+    assert transpose_gemm_weights(g) == 0  # already in that layout

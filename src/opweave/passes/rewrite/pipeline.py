@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from ...cost import node_seconds
 from ...ir import Graph, verify
+from ..gemm_layout import transpose_gemm_weights
 from . import extract
 from .rule import RULESETS, all_rules
 from .saturate import Limits, saturate
@@ -129,6 +130,7 @@ def rewrite(graph: Graph, options: RewriteOptions = RewriteOptions()) -> tuple[G
         return graph, report
     new = to_graph(choice, roots, graph, store)
     new.remove_dead()
+    transpose_gemm_weights(new)
     verify(new)
     report.fired = _fired(choice, roots, store)
     report.nodes_after = len(new.nodes)
