@@ -34,7 +34,7 @@ class RewriteOptions:
     extractor: str = "ilp"
     rulesets: tuple[str, ...] = DEFAULT_RULESETS
     limits: Limits = Limits()
-    ilp_seconds: float = 4.0
+    ilp_seconds: float = 3.0
     backtrack_seconds: float = 8.0
 
     def __post_init__(self):

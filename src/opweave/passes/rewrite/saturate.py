@@ -25,7 +25,7 @@ from .term import TermDag
 class Limits:
     iterations: int = 12
     nodes: int = 30_000
-    seconds: float = 6.0
+    seconds: float = 4.0
     match_budget: int = 1_000  # matches of one rule in one iteration before it is banned
 
 
