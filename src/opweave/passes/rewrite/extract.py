@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from .term import ENode
+from .term import ENode, children_first
 
 # The solver sees microseconds (seconds are too small for its tolerances). It stops when
 # within half a microsecond of optimal: a relative gap would hide the rewrites that save a
@@ -39,16 +39,7 @@ class Extraction:
 
 def dag_cost(choice: dict[int, ENode], roots: list[int], cost: CostFn) -> float:
     """Cost of the graph a choice describes: each reachable class counted once."""
-    seen, stack, total = set(), list(roots), 0.0
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        node = choice[cid]
-        total += cost(cid, node)
-        stack.extend(node.children)
-    return total
+    return sum(cost(cid, choice[cid]) for cid in children_first(choice, roots))
 
 
 def greedy(members: dict[int, list[ENode]], roots: list[int], cost: CostFn) -> Extraction:
@@ -135,7 +126,7 @@ class _Model:
         self.eps = 1.0 / (len(classes) + 1)
         self.ordered: dict[int, int] = {}  # class -> its order variable
         h = self.h = highspy.Highs()
-        h.setOptionValue("output_flag", bool(__import__("os").environ.get("HIGHS_LOG")))
+        h.setOptionValue("output_flag", False)
         h.setOptionValue("mip_rel_gap", 0.0)
         h.setOptionValue("mip_abs_gap", MIP_ABS_GAP)
         h.setOptionValue("threads", 1)
@@ -177,7 +168,7 @@ class _Model:
     def warm_start(self, seed: Extraction) -> None:
         self._seed = seed
         values = np.zeros(self.h.getNumCol())
-        used = _topological(seed.choice, self.roots)
+        used = children_first(seed.choice, self.roots)
         rank = {cid: k for k, cid in enumerate(used)}
         for cid, col in self.ordered.items():
             values[col] = (rank.get(cid, 0) + 1) / (len(rank) + 2)
@@ -233,24 +224,6 @@ def _find_cycle(choice: dict[int, ENode], roots: list[int]) -> list[int]:
         if state.get(root) != 2:
             state[root] = 2
     return []
-
-
-def _topological(choice: dict[int, ENode], roots: list[int]) -> list[int]:
-    """The classes a choice uses from `roots`, children first."""
-    order, seen = [], set()
-    for root in roots:
-        stack = [(root, False)]
-        while stack:
-            cid, done = stack.pop()
-            if done:
-                order.append(cid)
-                continue
-            if cid in seen:
-                continue
-            seen.add(cid)
-            stack.append((cid, True))
-            stack.extend((c, False) for c in choice[cid].children if c not in seen)
-    return order
 
 
 def _reachable(members: dict[int, list[ENode]], roots: list[int]) -> list[int]:

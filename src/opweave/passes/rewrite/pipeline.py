@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ...cost import node_seconds
@@ -18,7 +18,7 @@ from ..gemm_layout import transpose_gemm_weights
 from . import extract
 from .rule import RULESETS, all_rules
 from .saturate import Limits, saturate
-from .term import ENode, Store, from_choice, from_graph, thaw, to_graph
+from .term import ENode, Store, children_first, from_choice, from_graph, thaw, to_graph
 
 ENGINES = ("eqsat", "backtrack", "off")
 # "ac" (commutativity, associativity, distributivity) is opt-in: on the benchmark models
@@ -179,17 +179,10 @@ def _eqsat(dag, rules, options, cost, report):
 def _fired(choice: dict[int, ENode], roots: list[int], store: Store) -> dict[str, list[str]]:
     """Rules whose e-nodes are in the chosen graph, with the source of each use."""
     fired: dict[str, list[str]] = defaultdict(list)
-    seen, stack = set(), list(roots)
-    while stack:
-        cid = stack.pop()
-        if cid in seen:
-            continue
-        seen.add(cid)
-        node = choice[cid]
-        rule = store.created_by.get(node)
+    for cid in children_first(choice, roots):
+        rule = store.created_by.get(choice[cid])
         if rule:
             fired[rule].append(_short(store.sources.get(cid, "")))
-        stack.extend(node.children)
     return dict(fired)
 
 
@@ -202,4 +195,4 @@ def _short(source: str) -> str:
     return f"{path}:{line}"
 
 
-__all__ = ["RewriteOptions", "RewriteReport", "rewrite", "Counter"]
+__all__ = ["RewriteOptions", "RewriteReport", "rewrite"]

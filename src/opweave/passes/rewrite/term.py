@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Union
+from typing import Any, Iterable, Mapping, Union
 
 import torch
 
@@ -156,19 +156,7 @@ class TermDag:
 
     def reachable(self, roots: Iterable[int] | None = None) -> list[int]:
         """Classes reachable from `roots` (default: the outputs), children first."""
-        order, seen = [], set()
-        stack = [(c, False) for c in reversed(list(self.roots if roots is None else roots))]
-        while stack:
-            cid, done = stack.pop()
-            if done:
-                order.append(cid)
-                continue
-            if cid in seen:
-                continue
-            seen.add(cid)
-            stack.append((cid, True))
-            stack.extend((c, False) for c in reversed(self.node_of[cid].children) if c not in seen)
-        return order
+        return children_first(self.node_of, self.roots if roots is None else roots)
 
     def substitute(self, replace: dict[int, int]) -> "TermDag":
         """A new dag in which every use of a class `old` in `replace` reads `replace[old]`
@@ -209,16 +197,18 @@ def from_choice(store: Store, choice: dict[int, ENode], roots: list[int],
     dag = TermDag(store)
     dag.inputs = list(inputs)
     dag.roots = list(roots)
-    for cid in _children_first(choice, roots):
+    for cid in children_first(choice, roots):
         node = choice[cid]
         dag.node_of[cid] = node
         dag.class_of.setdefault(node, cid)
     return dag
 
 
-def _children_first(choice: dict[int, ENode], roots: list[int]) -> list[int]:
+def children_first(choice: Mapping[int, ENode], roots: Iterable[int]) -> list[int]:
+    """The classes reachable from `roots` through one chosen e-node per class, each after
+    its children (a topological order when the choice is acyclic)."""
     order, seen = [], set()
-    stack = [(r, False) for r in reversed(roots)]
+    stack = [(r, False) for r in reversed(list(roots))]
     while stack:
         cid, done = stack.pop()
         if done:

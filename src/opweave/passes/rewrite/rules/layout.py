@@ -1,7 +1,7 @@
 """Layout: compose and cancel views, and move views past elementwise ops."""
 from __future__ import annotations
 
-from ._helpers import (F32, Const, X, Y, attrs_of, example, op, op_any_arity, rand, require,
+from ._helpers import (F32, Const, X, Y, attrs_of, example, op, op_any_arity, require,
                        rule, same, scalar_of)
 
 
@@ -178,5 +178,3 @@ def _binary_both_permuted(binary: str):
 for _b in ("add", "mul"):
     _binary_both_permuted(_b)
 
-
-__all__ = ["rand"]
