@@ -161,3 +161,22 @@ def test_gemm_weights_are_stored_transposed_and_read_through_a_view():
     for a, e in zip(Executor(g)(x), before):
         torch.testing.assert_close(a, e)
     assert transpose_gemm_weights(g) == 0  # already in that layout
+
+
+def test_a_graph_the_egraph_cannot_encode_is_kept_with_a_clear_warning():
+    import warnings
+
+    from opweave.frontends.program import OpweaveFallbackWarning
+    import opweave
+
+    class ManyInputs(torch.nn.Module):
+        def forward(self, x):
+            return torch.cat([x * float(i) for i in range(40)], 1).relu()
+
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(ManyInputs(), (x,))
+    messages = [str(w.message) for w in caught if issubclass(w.category, OpweaveFallbackWarning)]
+    assert any("rewrite pass failed" in m and "at most 32" in m for m in messages)
+    torch.testing.assert_close(compiled(x), ManyInputs()(x))

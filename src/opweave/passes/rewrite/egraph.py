@@ -21,7 +21,7 @@ import torch
 
 from .term import Attrs, ClassType, ENode, Store
 
-MAX_ARITY = 8
+MAX_ARITY = 32  # inputs per node the encoding has constructors for (cat of 32 tensors)
 _DECLS = "(datatype Expr (N i64) " + " ".join(
     f"(E{k} String String{' Expr' * k})" for k in range(MAX_ARITY + 1)) + ")"
 _BATCH = 64  # commands per egglog call (its parser is slow on very long programs)
@@ -75,9 +75,6 @@ class EGraph:
     # -- writing ------------------------------------------------------------------------------
     def add(self, enode: ENode, type_: ClassType) -> int:
         """The class of `enode`, inserting it (as a new class) when it is new."""
-        if len(enode.children) > MAX_ARITY:
-            raise ValueError(f"{enode.op} has {len(enode.children)} inputs; the e-graph "
-                             f"encodes at most {MAX_ARITY}")
         snap = self.snapshot
         if snap is not None:
             enode = ENode(enode.op, enode.attrs, tuple(snap.find(c) for c in enode.children))
@@ -92,6 +89,9 @@ class EGraph:
 
     def insert(self, cid: int, enode: ENode) -> None:
         """Put `enode` into the class aliased `cid` (which the store already knows)."""
+        if len(enode.children) > MAX_ARITY:
+            raise ValueError(f"{enode.op} has {len(enode.children)} inputs; the e-graph "
+                             f"encodes at most {MAX_ARITY}")
         self._pending_nodes[enode] = cid
         self._pending.append(f"(union (N {cid}) {self._term(enode)})")
 
