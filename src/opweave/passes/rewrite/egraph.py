@@ -58,7 +58,7 @@ class Snapshot:
 
     def constant(self, cid: int) -> torch.Tensor | None:
         name = self.constant_name(cid)
-        return None if name is None else self.store.constants[name]
+        return None if name is None else self.store.data(name)
 
 
 class EGraph:

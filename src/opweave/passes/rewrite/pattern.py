@@ -21,6 +21,7 @@ class View(Protocol):
     def classes(self): ...
     def type(self, cid: int) -> ClassType: ...
     def constant(self, cid: int) -> torch.Tensor | None: ...
+    def constant_name(self, cid: int) -> str | None: ...
 
 
 class Pattern:
@@ -92,7 +93,7 @@ def _match(view: View, pattern: Pattern, cid: int, b: Bindings) -> Iterator[Bind
             if bound == cid:
                 yield b
             return
-        if isinstance(pattern, Const) and view.constant(cid) is None:
+        if isinstance(pattern, Const) and view.constant_name(cid) is None:
             return
         yield {**classes, pattern.name: cid}, nodes
         return

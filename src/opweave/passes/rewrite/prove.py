@@ -150,7 +150,7 @@ def _constant_tuples(dag: TermDag, classes: list[int]) -> list[dict[str, float]]
     names = sorted({dag.node_of[c].attr("name") for c in classes if dag.node_of[c].op == "constant"})
     if not names:
         return [{}]
-    tensors = torch.broadcast_tensors(*(dag.store.constants[n] for n in names))
+    tensors = torch.broadcast_tensors(*(dag.store.data(n) for n in names))
     rows = torch.unique(torch.stack([t.reshape(-1) for t in tensors], 1), dim=0)
     if len(rows) > MAX_CONSTANT_TUPLES:
         raise Undecidable(f"{len(rows)} combinations of constant elements")

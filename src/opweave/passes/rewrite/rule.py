@@ -71,15 +71,17 @@ class Builder:
         """Output `index` of a node with several outputs."""
         return self._add(ENode("get", freeze({"index": index}), (cid,)), self.type(cid)[index])
 
-    def cached_const(self, key, make: Callable[[], torch.Tensor], hint: str = "folded") -> int:
-        """The constant `make()` computes, made once per `key` in this session."""
+    def cached_const(self, key, make: Callable[[], torch.Tensor], hint: str = "folded",
+                     type_: TensorType | None = None) -> int:
+        """The constant `make()` computes, made once per `key` in this session; computed
+        only when read when its type is given (a lazy constant)."""
         name = self.store.fold_names.get(key)
         if name is None:
-            enode = self.store.add_constant(make(), hint)
+            enode = self.store.add_constant(make if type_ is not None else make(), hint, type_)
             self.store.fold_names[key] = enode.attr("name")
         else:
             enode = self.store.constant_node(name)
-        return self._add(enode, TensorType.of(self.store.constants[enode.attr("name")]))
+        return self._add(enode, self.store.constant_types[enode.attr("name")])
 
     def scalar(self, value, dtype: torch.dtype) -> int:
         """A 0-d constant (torch promotes 0-d tensors like scalars)."""

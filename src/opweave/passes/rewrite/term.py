@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Callable, Iterable, Mapping, Union
 
 import torch
 
@@ -60,10 +60,17 @@ class ENode:
 @dataclass
 class Store:
     """What one rewrite session knows about every class it ever made: its type, and for
-    constants their data. Views (a TermDag, an e-graph snapshot) share one store."""
+    constants their data. Views (a TermDag, an e-graph snapshot) share one store.
+
+    Folded constants are lazy: the store keeps how to compute one and its type, and
+    computes it when something reads its data (`data`). Saturation builds many weight
+    variants (merged, scaled) that extraction throws away; only the chosen ones are ever
+    computed, which keeps compile-time memory near the model's own size."""
 
     types: dict[int, ClassType] = field(default_factory=dict)
-    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # constant name -> data
+    constants: dict[str, torch.Tensor] = field(default_factory=dict)  # computed data
+    constant_types: dict[str, TensorType] = field(default_factory=dict)
+    _pending: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
     created_by: dict[ENode, str] = field(default_factory=dict)        # e-node -> rule name
     sources: dict[int, str] = field(default_factory=dict)             # class -> IR source text
     first_node: dict[int, ENode] = field(default_factory=dict)        # class -> node it began as
@@ -80,19 +87,38 @@ class Store:
         self.first_node[cid] = enode
         return cid
 
-    def add_constant(self, tensor: torch.Tensor, hint: str = "folded") -> ENode:
+    def add_constant(self, tensor: torch.Tensor | Callable[[], torch.Tensor], hint: str = "folded",
+                     type_: TensorType | None = None) -> ENode:
+        """A new constant: a tensor, or a function computing it later (then `type_`)."""
         name, i = hint, 0
-        while name in self.constants:
+        while name in self.constant_types:
             i += 1
             name = f"{hint}_{i}"
-        tensor = tensor.detach().contiguous()
-        self.constants[name] = tensor
-        t = TensorType.of(tensor)
-        return ENode("constant", freeze({"name": name, "shape": list(t.shape), "dtype": t.dtype}))
+        if callable(tensor):
+            assert type_ is not None, "a lazy constant needs its type"
+            self._pending[name] = tensor
+        else:
+            tensor = tensor.detach()
+            self.constants[name] = tensor
+            type_ = TensorType.of(tensor)
+        self.constant_types[name] = type_
+        return self.constant_node(name)
 
     def constant_node(self, name: str) -> ENode:
-        t = self.constants[name]
+        t = self.constant_types[name]
         return ENode("constant", freeze({"name": name, "shape": list(t.shape), "dtype": t.dtype}))
+
+    def data(self, name: str) -> torch.Tensor:
+        """A constant's tensor, computed now if it was lazy."""
+        tensor = self.constants.get(name)
+        if tensor is None:
+            with torch.no_grad():
+                tensor = self._pending.pop(name)().detach()
+            if TensorType.of(tensor) != self.constant_types[name]:
+                raise AssertionError(f"constant {name} computed as {TensorType.of(tensor)}, "
+                                     f"declared {self.constant_types[name]}")
+            self.constants[name] = tensor
+        return tensor
 
     def parts(self, name: str, dim: int) -> tuple[str, ...]:
         """The constants `name` concatenates along `dim` (itself when it is not a cat)."""
@@ -134,7 +160,7 @@ class TermDag:
 
     def constant(self, cid: int) -> torch.Tensor | None:
         name = self.constant_name(cid)
-        return None if name is None else self.store.constants[name]
+        return None if name is None else self.store.data(name)
 
     def constant_name(self, cid: int) -> str | None:
         node = self.node_of[cid]
@@ -233,7 +259,9 @@ def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
     for node in graph.nodes:
         attrs = dict(node.attrs)
         if node.op == "constant":
-            store.constants[attrs["name"]] = graph.constants[attrs["name"]]
+            name = attrs["name"]
+            store.constants[name] = graph.constants[name]
+            store.constant_types[name] = TensorType.of(graph.constants[name])
         if node.opdef.is_random:
             attrs["__uid"] = store.uid()
         children = tuple(cls[v] for v in node.inputs)
@@ -249,6 +277,15 @@ def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
             store.sources.setdefault(cid, node.source)
     dag.roots = [cls[v] for v in graph.outputs]
     return dag
+
+
+def _emit_constant(graph: Graph, name: str, data: torch.Tensor, source: str):
+    """A constant node; a folded transpose of a weight (a transposed view of contiguous
+    storage) becomes a permute of that storage, so no weight is copied."""
+    if data.dim() == 2 and not data.is_contiguous() and data.t().is_contiguous():
+        stored = graph.add_constant(name, data.t(), source=source)
+        return graph.add1("permute", [stored], {"dims": [1, 0]}, source=source)
+    return graph.add_constant(name, data, source=source)
 
 
 def to_graph(choice: dict[int, ENode], roots: list[int], template: Graph, store: Store) -> Graph:
@@ -281,7 +318,7 @@ def to_graph(choice: dict[int, ENode], roots: list[int], template: Graph, store:
         if node.op == "constant":
             name = node.attr("name")
             if name not in used_constants:
-                used_constants[name] = graph.add_constant(name, store.constants[name], source=source)
+                used_constants[name] = _emit_constant(graph, name, store.data(name), source)
             return used_constants[name]
         outs = graph.add(node.op, [values[c] for c in node.children], thaw(node.attrs),
                          source=source, types=None)

@@ -25,10 +25,18 @@ def rand(*shape) -> torch.Tensor:
     return torch.randn(*shape, generator=g)
 
 
+# Identity checks look at constants up to this size only: a larger one is a weight, and
+# reading it would compute a lazily folded weight the extraction may never keep.
+FILLED_CHECK_LIMIT = 1 << 16
+
+
 def filled_with(b: Builder, cid: int, value) -> bool:
-    """Whether class `cid` is a constant whose every element equals `value`."""
-    t = b.value(cid)
-    return t is not None and t.numel() > 0 and bool((t == value).all())
+    """Whether class `cid` is a (small) constant whose every element equals `value`."""
+    t = b.type(cid)
+    if b.constant_name(cid) is None or t.numel > FILLED_CHECK_LIMIT:
+        return False
+    data = b.value(cid)
+    return data.numel() > 0 and bool((data == value).all())
 
 
 def scalar_of(b: Builder, cid: int):

@@ -22,21 +22,20 @@ def fold_constants(b, m):
     require(not opdef.is_random, "random op")
     out = b.type(m.root)
     require(not isinstance(out, tuple), "several outputs")
-    values = [b.value(c) for c in node.children]
-    require(all(v is not None for v in values), "an input is not constant")
-    size = sum(v.numel() for v in values)
-    require(out.numel <= max(size, FOLD_SMALL), "the result is larger than its inputs")
     names = tuple(b.constant_name(c) for c in node.children)
+    require(all(n is not None for n in names), "an input is not constant")
+    size = sum(b.type(c).numel for c in node.children)
+    require(out.numel <= max(size, FOLD_SMALL), "the result is larger than its inputs")
     key = (node.op, node.attrs, names)
     if node.op == "cat":  # one key for every nesting of the same parts
         dim = node.attr("dim") % out.rank
         parts = tuple(p for n in names for p in b.store.parts(n, dim))
         key = ("cat", dim, parts)
+    store, attrs = b.store, attrs_of(node)
 
-    def compute():
-        with torch.no_grad():
-            return opdef.impl(*values, **attrs_of(node))
-    cid = b.cached_const(key, compute)
+    def compute():  # run only if something reads the data (see Store)
+        return opdef.impl(*[store.data(n) for n in names], **attrs)
+    cid = b.cached_const(key, compute, type_=out)
     if node.op == "cat":
         b.store.cat_parts.setdefault(b.constant_name_of_key(key), (dim, parts))
     return cid
