@@ -180,3 +180,18 @@ def test_a_graph_the_egraph_cannot_encode_is_kept_with_a_clear_warning():
     messages = [str(w.message) for w in caught if issubclass(w.category, OpweaveFallbackWarning)]
     assert any("rewrite pass failed" in m and "at most 32" in m for m in messages)
     torch.testing.assert_close(compiled(x), ManyInputs()(x))
+
+
+def test_folded_constants_are_computed_only_when_read():
+    from opweave.passes.rewrite.rule import all_rules
+    from opweave.passes.rewrite.saturate import saturate
+    from opweave.passes.rewrite.term import from_graph
+
+    store = Store()
+    dag = from_graph(_qkv_graph(), store)
+    saturate(dag, all_rules())
+    lazy = list(store._pending)
+    assert lazy, "merged weights should wait until extraction needs them"
+    data = store.data(lazy[0])
+    assert TensorType.of(data) == store.constant_types[lazy[0]]
+    assert lazy[0] not in store._pending and store.data(lazy[0]) is data
