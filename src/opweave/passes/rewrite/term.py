@@ -18,7 +18,6 @@ from typing import Any, Callable, Iterable, Mapping, Union
 import torch
 
 from ...ir import Graph, TensorType
-from ...ir import registry
 
 Attrs = tuple[tuple[str, Any], ...]
 ClassType = Union[TensorType, tuple[TensorType, ...]]
@@ -129,15 +128,6 @@ class Store:
         return next(self._uids)
 
 
-def infer(enode: ENode, child_types: list[ClassType]) -> ClassType:
-    """The type of an e-node's value (raises `ShapeError` when the op rejects its inputs)."""
-    if enode.op == "get":
-        return child_types[0][enode.attr("index")]
-    opdef = registry.get(enode.op)
-    types = opdef.infer(child_types, thaw(enode.attrs))
-    return types[0] if len(types) == 1 else tuple(types)
-
-
 class TermDag:
     """A graph as terms: one e-node per class, hash-consed (equal nodes are one class)."""
 
@@ -166,15 +156,10 @@ class TermDag:
         node = self.node_of[cid]
         return node.attr("name") if node.op == "constant" else None
 
-    def find(self, cid: int) -> int:
-        return cid
-
     # -- building ---------------------------------------------------------------------------
-    def add(self, enode: ENode, type_: ClassType | None = None) -> int:
+    def add(self, enode: ENode, type_: ClassType) -> int:
         cid = self.class_of.get(enode)
         if cid is None:
-            if type_ is None:
-                type_ = infer(enode, [self.store.types[c] for c in enode.children])
             cid = self.store.new_class(type_, enode)
             self.node_of[cid] = enode
             self.class_of[enode] = cid
