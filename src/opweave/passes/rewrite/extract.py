@@ -190,14 +190,11 @@ class _Model:
         values = h.getSolution().col_value
         choice: dict[int, ENode] = {}
         for i, (cid, node) in enumerate(self.nodes):
-            if values[i] > 0.5 and (cid not in choice or cost_rank(node) < cost_rank(choice[cid])):
+            # several chosen nodes in one class: keep the one with fewest children
+            if values[i] > 0.5 and (cid not in choice or
+                                    len(node.children) < len(choice[cid].children)):
                 choice[cid] = node
         return choice, status
-
-
-def cost_rank(node: ENode) -> int:
-    """Among several chosen nodes of one class, prefer the one with fewest children."""
-    return len(node.children)
 
 
 def _find_cycle(choice: dict[int, ENode], roots: list[int]) -> list[int]:

@@ -96,8 +96,7 @@ def cost_function(store: Store):
             out = store.types[cid]
             outs = list(out) if isinstance(out, tuple) else [out]
             ins = [store.types[c] for c in node.children]
-            value = memo[node] = 0.0 if node.op in ("input", "constant", "get") else \
-                node_seconds(node.op, ins, outs, thaw(node.attrs))
+            value = memo[node] = node_seconds(node.op, ins, outs, thaw(node.attrs))
         return value
     return cost
 

@@ -92,9 +92,6 @@ class Builder:
     def constant_name(self, cid: int) -> str | None:
         return self.view.constant_name(cid)
 
-    def constant_name_of_key(self, key) -> str:
-        return self.store.fold_names[key]
-
     def type(self, cid: int) -> ClassType:
         return self.store.types[cid]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .egraph import EGraph, Snapshot
 from .pattern import build_index, find
@@ -35,7 +35,6 @@ class Saturation:
     iterations: int
     stop: str                     # "saturated", "iterations", "nodes" or "time"
     seconds: float
-    applied: Counter = field(default_factory=Counter)  # rule -> unions it asked for
 
 
 def load(dag: TermDag) -> EGraph:
@@ -52,7 +51,6 @@ def saturate(dag: TermDag, rules: list[Rule], limits: Limits = Limits()) -> Satu
     deadline = start + limits.seconds
     egraph = load(dag)
     snap = egraph.snapshot
-    applied: Counter = Counter()
     bans: Counter = Counter()               # rule -> times banned
     banned_until: dict[str, int] = {}
     stop, iteration = "iterations", 0
@@ -80,7 +78,6 @@ def saturate(dag: TermDag, rules: list[Rule], limits: Limits = Limits()) -> Satu
                 for root, cid in zip(m.roots, new):
                     if snap.find(root) != snap.find(cid):
                         egraph.union(root, cid)
-                        applied[rule.name] += 1
         snap = egraph.take_snapshot()
         if (snap.node_count, len(snap.members)) == before and time.perf_counter() <= deadline:
             if not any(until > iteration for until in banned_until.values()):
@@ -93,4 +90,4 @@ def saturate(dag: TermDag, rules: list[Rule], limits: Limits = Limits()) -> Satu
         if time.perf_counter() > deadline:
             stop = "time"
             break
-    return Saturation(snap, iteration, stop, time.perf_counter() - start, applied)
+    return Saturation(snap, iteration, stop, time.perf_counter() - start)

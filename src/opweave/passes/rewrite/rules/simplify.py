@@ -37,7 +37,7 @@ def fold_constants(b, m):
         return opdef.impl(*[store.data(n) for n in names], **attrs)
     cid = b.cached_const(key, compute, type_=out)
     if node.op == "cat":
-        b.store.cat_parts.setdefault(b.constant_name_of_key(key), (dim, parts))
+        b.store.cat_parts.setdefault(b.store.fold_names[key], (dim, parts))
     return cid
 
 
