@@ -12,13 +12,14 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def compile(model, example_inputs, *, name=None, rewrite=None):
+def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None):
     """Compile `model` for inference on inputs shaped like `example_inputs`.
     `rewrite`: None (default engine, or $OPWEAVE_REWRITE), False, "eqsat", "greedy",
-    "backtrack", "off", or `opweave.passes.rewrite.pipeline.RewriteOptions`."""
+    "backtrack", "off", or `opweave.passes.rewrite.pipeline.RewriteOptions`.
+    `fusion`: None (default "ilp", or $OPWEAVE_FUSION), "ilp", "greedy", "off" or False."""
     from .frontends.torch_export import compile as _compile
 
-    return _compile(model, example_inputs, name=name, rewrite=rewrite)
+    return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):
@@ -29,11 +30,11 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite)
 
 
-def from_onnx(source, *, name=None, rewrite=None):
+def from_onnx(source, *, name=None, rewrite=None, fusion=None):
     """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays."""
     from .onnx import from_onnx as _from_onnx
 
-    return _from_onnx(source, name=name, rewrite=rewrite)
+    return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion)
 
 
 def to_onnx(graph, path=None):

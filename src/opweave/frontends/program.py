@@ -112,12 +112,14 @@ class CompiledProgram:
     """The split graph, callable like the FX graph it came from."""
 
     def __init__(self, gm: fx.GraphModule, constants: dict[fx.Node, torch.Tensor] | None = None,
-                 name: str = "graph", verify_each: bool = True, rewrite=None):
+                 name: str = "graph", verify_each: bool = True, rewrite=None, fusion=None):
+        from ..codegen import resolve_mode
         from ..passes.rewrite.pipeline import RewriteOptions
 
         self.gm = gm
         self.name = name
         self.rewrite_options = RewriteOptions.resolve(rewrite)
+        self.fusion = resolve_mode(fusion)
         self.rewrites = []  # one RewriteReport per segment
         graph = gm.graph
         self.constants = dict(constants or {})
@@ -209,7 +211,9 @@ class CompiledProgram:
         ctx.graph.remove_dead()
         if verify_each:
             verify(ctx.graph)
-        return Executor(self._rewrite(ctx.graph))
+        from ..codegen import executor_for
+
+        return executor_for(self._rewrite(ctx.graph), self.fusion)
 
     def _rewrite(self, graph: Graph) -> Graph:
         """The graph after the rewrite pass; the graph as it was if the pass fails."""

@@ -17,11 +17,11 @@ from .program import CompiledProgram
 _counter = itertools.count()
 
 
-def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, rewrite=None):
+def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, rewrite=None, fusion=None):
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     with unset_fake_temporarily():  # AOTAutograd calls compilers under its fake mode
-        program = CompiledProgram(gm, name=f"dynamo_{next(_counter)}", rewrite=rewrite)
+        program = CompiledProgram(gm, name=f"dynamo_{next(_counter)}", rewrite=rewrite, fusion=fusion)
     program.warn_fallbacks()
     compiled_graphs.append(program)
 
@@ -44,7 +44,8 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     unknown = set(options) - {"rewrite"}
     if unknown:
         raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; known: rewrite")
-    compiler = functools.partial(_compile_aten_graph, rewrite=options.get("rewrite"))
+    compiler = functools.partial(_compile_aten_graph, rewrite=options.get("rewrite"),
+                                 fusion=options.get("fusion"))
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                            decompositions=decomposition_table())
     return backend(gm, example_inputs)

@@ -74,7 +74,7 @@ def _capture_make_fx(model, example_inputs):
 
 
 def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-            name: str | None = None, rewrite=None) -> CompiledModel:
+            name: str | None = None, rewrite=None, fusion=None) -> CompiledModel:
     """Compile `model` for inference on inputs shaped like `example_inputs`. `rewrite`:
     None (the default engine, or OPWEAVE_REWRITE), False, an engine name or options."""
     name = name or type(model).__name__
@@ -85,7 +85,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         except Exception as err:  # capture failures are reported, never fatal
             errors.append(f"{capture}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
             continue
-        program = CompiledProgram(gm, constants, name=name, rewrite=rewrite)
+        program = CompiledProgram(gm, constants, name=name, rewrite=rewrite, fusion=fusion)
         program.warn_fallbacks()
         if errors:
             warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),

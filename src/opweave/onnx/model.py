@@ -10,6 +10,7 @@ import torch
 
 from ..ir.graph import Graph
 from ..ir.types import TensorType
+from ..codegen import executor_for
 from ..runtime.executor import Executor
 from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
@@ -49,10 +50,12 @@ class OnnxModel:
     of shapes is lowered and compiled once.
     """
 
-    def __init__(self, source, name: str | None = None, rewrite=None):
+    def __init__(self, source, name: str | None = None, rewrite=None, fusion=None):
+        from ..codegen import resolve_mode
         from ..passes.rewrite.pipeline import RewriteOptions
 
         self.rewrite_options = RewriteOptions.resolve(rewrite)
+        self.fusion = resolve_mode(fusion)
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -132,7 +135,7 @@ class OnnxModel:
                             initializers=self._initializers)
         graph = self._rewrite(lowering.lower(types, values))
         runtime = [n for n in self.input_names if n not in values]
-        self._cache[key] = _Specialization(graph, Executor(graph), runtime,
+        self._cache[key] = _Specialization(graph, executor_for(graph, self.fusion), runtime,
                                            _storages(graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
@@ -192,7 +195,7 @@ class OnnxModel:
         return arrays
 
 
-def from_onnx(source, name: str | None = None, rewrite=None) -> OnnxModel:
-    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `rewrite` as
-    in `opweave.compile`."""
-    return OnnxModel(source, name=name, rewrite=rewrite)
+def from_onnx(source, name: str | None = None, rewrite=None, fusion=None) -> OnnxModel:
+    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `rewrite` and
+    `fusion` as in `opweave.compile`."""
+    return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion)

@@ -6,7 +6,8 @@ last use (the memory plan's liveness), so peak memory stays at or below eager's.
 With `use_arena=True`, ops that can write into a preallocated tensor write into the
 plan's arena instead; that arena is held between calls, and until most kernels can write
 into planned buffers it costs more peak memory than it saves (see docs/architecture.md).
-Code generation replaces steps with kernels; the interface stays
+`Executor(graph, steps=...)` runs lowered steps instead (codegen.lower: library calls,
+generated kernels, single ops), each over several values; the interface stays
 `Executor(graph)(*tensors) -> list[Tensor]`.
 """
 from __future__ import annotations
@@ -24,7 +25,8 @@ class InputError(ValueError):
 
 
 class Executor:
-    def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True):
+    def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
+                 steps=None):
         verify(graph)
         self.graph = graph
         self.plan: MemoryPlan = plan_memory(graph)
@@ -47,9 +49,15 @@ class Executor:
         self._arena_views: dict[int, torch.Tensor] = {}
         self._base = [None] * self._num_slots
         self._steps: list[tuple[Callable, list[int], list[int], list[int]]] = []
-        for i, node in enumerate(graph.nodes):
+        self.lowered_steps = steps
+        for node in graph.nodes:
             if node.op == "constant":
                 self._base[slot[node.outputs[0]]] = graph.constants[node.attrs["name"]]
+        if steps is not None:
+            self._steps = _slot_steps(steps, slot, graph)
+            return
+        for i, node in enumerate(graph.nodes):
+            if node.op == "constant":
                 continue
             ins = [slot[v] for v in node.inputs]
             outs = [slot[v] for v in node.outputs]
@@ -63,7 +71,7 @@ class Executor:
             slot = outs[0]
             impl_out = opdef.impl_out
 
-            def call(args):
+            def call(*args):
                 out = self._arena_views[slot]
                 impl_out(args, attrs, out)
                 return (out,)
@@ -71,8 +79,8 @@ class Executor:
             return call
         impl = opdef.impl
         if len(node.outputs) == 1:
-            return lambda args: (impl(*args, **attrs),)
-        return lambda args: impl(*args, **attrs)
+            return lambda *args: (impl(*args, **attrs),)
+        return lambda *args: impl(*args, **attrs)
 
     def _allocate_arena(self) -> None:
         self._arena = torch.empty(self.plan.arena_bytes, dtype=torch.uint8)
@@ -101,7 +109,7 @@ class Executor:
         for slot, t in zip(self._input_slots, inputs):
             env[slot] = t
         for call, ins, outs, frees in self._steps:
-            results = call([env[i] for i in ins])
+            results = call(*[env[i] for i in ins])
             for slot, r in zip(outs, results):
                 env[slot] = r
             for slot in frees:
@@ -109,3 +117,19 @@ class Executor:
         return [env[s].clone() if copy else env[s]
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
 
+
+
+def _slot_steps(steps, slot, graph: Graph):
+    """(call, input slots, output slots, slots to free) for lowered steps: a value is
+    dropped after the last step that reads it (graph outputs and constants never are)."""
+    keep = set(graph.outputs)
+    last: dict = {}
+    for i, step in enumerate(steps):
+        for v in step.inputs:
+            last[v] = i
+    frees: list[list[int]] = [[] for _ in steps]
+    for v, i in last.items():
+        if v not in keep and v.producer is not None and v.producer.op != "constant":
+            frees[i].append(slot[v])
+    return [(step.fn, [slot[v] for v in step.inputs], [slot[v] for v in step.outputs], frees[i])
+            for i, step in enumerate(steps)]

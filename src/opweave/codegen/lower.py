@@ -1,0 +1,241 @@
+"""Turn a partitioned graph into executable steps: library calls, generated C++ kernels,
+and single ops.
+
+`lower(graph)` partitions the graph, orders the groups topologically, renders every
+generated kernel, builds them (few translation units, in parallel, cached on disk) and
+returns `Step`s for the executor. If the compiler is missing or fails, the affected
+groups run as their reference ops and a warning says so once; nothing else changes.
+"""
+from __future__ import annotations
+
+import ctypes
+import heapq
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..ir import Graph
+from ..ir.graph import Node, Value
+from ..partition import Partition, Role, partition
+from ..partition.legality import anchor_epilogue
+from . import build, library
+from .render import KernelSource, render
+
+KERNELS_PER_UNIT = 16
+FUSION_MODES = ("ilp", "greedy", "off")
+
+
+class FusionWarning(UserWarning):
+    """Fused kernels could not be built; the affected groups run unfused."""
+
+
+@dataclass
+class Step:
+    fn: Callable                 # fn(*inputs) -> list of outputs
+    inputs: list[Value]
+    outputs: list[Value]
+    nodes: list[Node]
+    kind: str                    # "op", "library", "cpp", "reference"
+    name: str = ""
+
+
+@dataclass
+class Lowered:
+    steps: list[Step]
+    partition: Partition | None
+    sources: list[KernelSource] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def kernel_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for s in self.steps:
+            counts[s.kind] = counts.get(s.kind, 0) + 1
+        return counts
+
+
+def resolve_mode(mode) -> str:
+    if mode is None:
+        mode = os.environ.get("OPWEAVE_FUSION", "ilp")
+    if mode is False:
+        mode = "off"
+    if mode not in FUSION_MODES:
+        raise ValueError(f"fusion must be one of {FUSION_MODES}, not {mode!r}")
+    return mode
+
+
+def op_step(node: Node) -> Step:
+    impl, attrs = node.opdef.impl, node.attrs
+    if len(node.outputs) == 1:
+        fn = lambda *args: [impl(*args, **attrs)]  # noqa: E731
+    else:
+        fn = lambda *args: list(impl(*args, **attrs))  # noqa: E731
+    return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
+
+
+def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
+                 outputs: list[Value]) -> Callable:
+    """The group's nodes run one by one as torch ops (the semantics every kernel matches);
+    constants the group reads but does not take as inputs come from the graph."""
+    calls = [(n.opdef.impl, n.attrs, n) for n in nodes]
+    consts = {v: graph.constants[v.producer.attrs["name"]] for n in nodes for v in n.inputs
+              if _is_constant(v) and v not in inputs}
+
+    def run(*args):
+        env = dict(consts)
+        env.update(zip(inputs, args))
+        for impl, attrs, n in calls:
+            res = impl(*[env[v] for v in n.inputs], **attrs)
+            for v, r in zip(n.outputs, res if len(n.outputs) > 1 else [res]):
+                env[v] = r
+        return [env[v] for v in outputs]
+    return run
+
+
+def lower(graph: Graph, mode=None) -> Lowered:
+    mode = resolve_mode(mode)
+    if mode == "off":
+        return Lowered([op_step(n) for n in graph.nodes if n.op != "constant"], None)
+    part = partition(graph, mode, anchor_seconds=lambda ctx, g: measured_anchor_seconds(graph, ctx, g))
+    ctx = part.ctx
+    lowered = Lowered([], part, notes=list(part.notes))
+    pending: list[tuple[Step, KernelSource]] = []
+    for group in _topological(part):
+        nodes = part.ordered(group)
+        if len(nodes) == 1 and ctx.role[nodes[0]] is not Role.ANCHOR:
+            lowered.steps.append(op_step(nodes[0]))
+            continue
+        outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
+        if ctx.role[nodes[0]] is Role.ANCHOR:
+            lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs))
+            continue
+        src = render(graph, nodes, lambda v, g=group: ctx.escapes(v, g))
+        step = Step(None, src.inputs, src.outputs, nodes, "cpp", src.name)
+        step.fn = reference_fn(graph, nodes, src.inputs, src.outputs)
+        lowered.steps.append(step)
+        pending.append((step, src))
+    _build(pending, lowered)
+    _debug_dump(graph, lowered)
+    return lowered
+
+
+def _is_constant(v: Value) -> bool:
+    return v.producer is not None and v.producer.op == "constant"
+
+
+def _anchor_candidates(graph, ctx, group, nodes, outputs):
+    """(signature, {name: fn}, inputs) for an anchor group: the library form and the
+    reference form (the nodes as torch ops)."""
+    anchor = nodes[0]
+    ep = anchor_epilogue(ctx, group)
+    used = library.group_inputs(anchor, ep)
+    # the reference form also reads the weight's view; the library form has it packed
+    ins = used + [v for v in dict.fromkeys(v for n in nodes for v in n.inputs)
+                  if v not in used and not ctx.producer_in(v, group) and not _is_constant(v)]
+    candidates = {"reference": reference_fn(graph, nodes, ins, outputs)}
+    if library.available():
+        fn, k = library.onednn(graph, anchor, ep), len(used)
+        candidates["onednn"] = lambda *args: fn(*args[:k])
+    return library.signature(graph, anchor, ep), candidates, ins, ep
+
+
+def _anchor_step(graph, ctx, group, nodes, outputs) -> Step:
+    key, candidates, ins, ep = _anchor_candidates(graph, ctx, group, nodes, outputs)
+    chosen, _ = library.choose(key, candidates, ins)
+    kind = "library" if chosen == "onednn" else "reference"
+    name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
+    return Step(candidates[chosen], ins, outputs, nodes, kind, name)
+
+
+def measured_anchor_seconds(graph, ctx, group) -> float:
+    """The measured time of an anchor group's best form (the partitioner's anchor cost)."""
+    nodes = sorted(group, key=ctx.index.__getitem__)
+    outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
+    key, candidates, ins, _ = _anchor_candidates(graph, ctx, group, nodes, outputs)
+    return library.choose(key, candidates, ins)[1]
+
+
+def _build(pending, lowered: Lowered) -> None:
+    unique: dict[str, KernelSource] = {}
+    for _, src in pending:
+        unique.setdefault(src.name, src)
+    lowered.sources = list(unique.values())
+    if not unique:
+        return
+    names = list(unique)
+    units = [names[i:i + KERNELS_PER_UNIT] for i in range(0, len(names), KERNELS_PER_UNIT)]
+    try:
+        libs = build.load_many(["\n".join(unique[n].body for n in unit) for unit in units])
+    except build.BuildError as err:
+        warnings.warn(f"opweave: generated kernels could not be built, so {len(pending)} fused "
+                      f"groups run as separate ops: {err}", FusionWarning, stacklevel=3)
+        for step, _ in pending:
+            step.kind = "reference"
+        return
+    functions = {}
+    for unit, lib in zip(units, libs):
+        lib.ow_set_threads(torch.get_num_threads())
+        for n in unit:
+            fn = getattr(lib, n)
+            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+            fn.restype = None
+            functions[n] = fn
+    for step, src in pending:
+        step.fn = CppKernel(functions[src.name], src)
+
+
+class CppKernel:
+    """Calls one generated kernel: allocates its outputs, passes contiguous inputs."""
+
+    def __init__(self, fn, src: KernelSource):
+        self.fn = fn
+        self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
+        self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
+
+    def __call__(self, *inputs):
+        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
+        ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        self.fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
+        return outs
+
+
+def _topological(part: Partition) -> list[frozenset[Node]]:
+    """Groups in an order where every group runs after the groups it reads from."""
+    ctx = part.ctx
+    group_of = {n: g for g in part.groups for n in g}
+    deps = {g: {group_of[v.producer] for n in g for v in n.inputs
+                if v.producer in group_of and group_of[v.producer] is not g} for g in part.groups}
+    users: dict[frozenset, list[frozenset]] = {g: [] for g in part.groups}
+    for g, ds in deps.items():
+        for d in ds:
+            users[d].append(g)
+    remaining = {g: len(ds) for g, ds in deps.items()}
+    first = {g: min(ctx.index[n] for n in g) for g in part.groups}
+    ready = [(first[g], i, g) for i, g in enumerate(part.groups) if remaining[g] == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, g = heapq.heappop(ready)
+        order.append(g)
+        for u in users[g]:
+            remaining[u] -= 1
+            if remaining[u] == 0:
+                heapq.heappush(ready, (first[u], id(u), u))
+    if len(order) != len(part.groups):
+        raise AssertionError("fusion groups depend on each other in a cycle")
+    return order
+
+
+def _debug_dump(graph: Graph, lowered: Lowered) -> None:
+    """With OPWEAVE_DEBUG set, write the partition and the generated C++ for this graph."""
+    if not os.environ.get("OPWEAVE_DEBUG"):
+        return
+    root = Path(os.environ.get("OPWEAVE_DEBUG_DIR", "opweave_debug")) / graph.name
+    root.mkdir(parents=True, exist_ok=True)
+    from .report import partition_report
+
+    (root / "partition.txt").write_text(partition_report(lowered))
+    (root / "kernels.cpp").write_text("\n".join(s.body for s in lowered.sources))

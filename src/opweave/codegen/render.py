@@ -1,0 +1,241 @@
+"""Render one fused group of one-to-one ops (and at most one row reduction) as C++.
+
+The kernel walks the group's iteration space as rows (all axes but the last) by columns
+(the last axis). Rows are split across OpenMP threads; the column loop carries
+`#pragma omp simd` and only branch-free arithmetic, so g++ vectorizes it (tests check the
+compiler's vectorization report). Every input is read in place through its broadcast
+strides, baked in as constants: a bias indexes by column, a per-channel scale by a row
+formula. A row reduction computes its input row into a buffer, reduces it, then runs the
+epilogue; prologue values the epilogue needs are recomputed rather than stored.
+Signature: `void name(void** args)`, args = outputs then inputs, all contiguous.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ..ir import Graph
+from ..ir.graph import Node, Value
+
+PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
+
+
+@dataclass
+class KernelSource:
+    name: str
+    body: str                 # C++ function definition (name filled in)
+    inputs: list[Value]       # in argument order, after the outputs
+    outputs: list[Value]
+
+
+class _Emitter:
+    def __init__(self, graph: Graph, members: list[Node], escapes):
+        self.graph = graph
+        self.members = members
+        self.inside = set(members)
+        self.shape = members[-1].outputs[0].type.shape
+        self.cols = self.shape[-1] if self.shape else 1
+        self.rows = math.prod(self.shape[:-1]) if self.shape else 1
+        self.inputs: list[Value] = []
+        self.literals: dict[Value, str] = {}
+        self.outputs = [v for n in members for v in n.outputs[:1] if escapes(v)]
+        for n in members:
+            for v in n.inputs:
+                if v.producer in self.inside or v in self.inputs or v in self.literals:
+                    continue
+                literal = _literal(graph, v)
+                if literal is not None:
+                    self.literals[v] = literal
+                else:
+                    self.inputs.append(v)
+        self.names = {v: f"t{i}" for i, v in enumerate(v for n in members for v in n.outputs[:1])}
+
+    def arg(self, v: Value) -> str:
+        return f"a{len(self.outputs) + self.inputs.index(v)}"
+
+    def load(self, v: Value) -> str:
+        if v in self.literals:
+            return self.literals[v]
+        if v in self.names:
+            return self.names[v]
+        return f"{self.arg(v)}[{self.index(v)}]"
+
+    def index(self, v: Value) -> str:
+        shape = v.type.shape
+        full = self.shape
+        pad = (1,) * (len(full) - len(shape)) + tuple(shape)
+        strides, s = [], 1
+        for d in reversed(pad):
+            strides.append(0 if d == 1 else s)
+            s *= d
+        strides.reverse()
+        inner = strides[-1] if full and full[-1] > 1 else 0
+        terms = []
+        lead = full[:-1]
+        if tuple(pad) == tuple(full):
+            terms.append(f"r * {self.cols}")
+        else:
+            for d, size in enumerate(lead):
+                if strides[d] == 0 or size == 1:
+                    continue
+                div = math.prod(lead[d + 1:])
+                row = "r" if div == 1 else f"(r / {div})"
+                terms.append(f"({row} % {size}) * {strides[d]}")
+        if inner:
+            terms.append("j")
+        return " + ".join(terms) or "0"
+
+    def expr(self, node: Node) -> str:
+        ins = [self.load(v) for v in node.inputs]
+        return _formula(node, ins)
+
+
+def _literal(graph: Graph, v: Value) -> str | None:
+    p = v.producer
+    if p is None or p.op != "constant" or v.type.numel != 1:
+        return None
+    x = float(graph.constants[p.attrs["name"]].reshape(()).item())
+    if math.isnan(x):
+        return "NAN"
+    if math.isinf(x):
+        return "INFINITY" if x > 0 else "(-INFINITY)"
+    return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
+
+
+def _formula(node: Node, a: list[str]) -> str:
+    op = node.op
+    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    if op in binary:
+        return f"({a[0]} {binary[op]} {a[1]})"
+    simple = {
+        "neg": "(-{0})", "abs": "std::fabs({0})", "exp": "ow_exp({0})", "sqrt": "std::sqrt({0})",
+        "rsqrt": "(1.0f / std::sqrt({0}))", "reciprocal": "(1.0f / {0})",
+        "sigmoid": "ow_sigmoid({0})", "tanh": "ow_tanh({0})", "erf": "ow_erf({0})",
+        "relu": "({0} < 0.0f ? 0.0f : {0})",
+        "maximum": "(({0} > {1} || {0} != {0}) ? {0} : {1})",
+        "minimum": "(({0} < {1} || {0} != {0}) ? {0} : {1})",
+        "where": "({0} ? {1} : {2})", "pow": "std::pow({0}, {1})",
+    }
+    if op in simple:
+        return simple[op].format(*a)
+    if op == "gelu":
+        if node.attrs["approximate"] == "tanh":
+            return (f"(0.5f * {a[0]} * (1.0f + ow_tanh(0.7978845608028654f * "
+                    f"({a[0]} + 0.044715f * {a[0]} * {a[0]} * {a[0]}))))")
+        return f"(0.5f * {a[0]} * (1.0f + ow_erf({a[0]} * 0.7071067811865476f)))"
+    if op == "clamp":
+        x = a[0]
+        lo, hi = node.attrs["min"], node.attrs["max"]
+        if lo is not None:
+            x = f"({x} < {float(lo)!r}f ? {float(lo)!r}f : {x})"
+        if hi is not None:
+            x = f"({x} > {float(hi)!r}f ? {float(hi)!r}f : {x})"
+        return x
+    raise NotImplementedError(f"no C++ formula for {op}")
+
+
+def _ctype(v: Value) -> str:
+    return "const bool*" if v.type.dtype == torch.bool else "const float*"
+
+
+def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
+    """C++ for `members` (in graph order); `escapes(value)` says which values it writes."""
+    em = _Emitter(graph, members, escapes)
+    reduce = next((n for n in members if n.op in ("softmax", "log_softmax", "layer_norm")), None)
+    lines = []
+    for i, v in enumerate(em.outputs):
+        lines.append(f"  float* __restrict a{i} = (float*)args[{i}];")
+    for v in em.inputs:
+        lines.append(f"  {_ctype(v)} __restrict {em.arg(v)} = ({_ctype(v)})args[{em.outputs.__len__() + em.inputs.index(v)}];")
+    total = em.rows * em.cols
+    par = f"num_threads(ow_threads) if({total} >= {PARALLEL_MIN} && {em.rows} > 1)"
+    if reduce is None:
+        body = _loop(em, members, "r * {c} + j".format(c=em.cols))
+        lines.append(f"  #pragma omp parallel for {par}")
+        lines.append(f"  for (int64_t r = 0; r < {em.rows}; ++r) {{")
+        lines += ["    " + ln for ln in body]
+        lines.append("  }")
+    else:
+        lines += _row_kernel(em, members, reduce, par)
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    name = f"ow_k_{digest}"
+    src = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
+    return KernelSource(name, src, em.inputs, em.outputs)
+
+
+def _stores(em, nodes, at: str) -> list[str]:
+    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = {em.names[n.outputs[0]]};"
+            for n in nodes if n.outputs[0] in em.outputs]
+
+
+def _loop(em, nodes, at) -> list[str]:
+    out = ["#pragma omp simd", f"for (int64_t j = 0; j < {em.cols}; ++j) {{"]
+    for n in nodes:
+        out.append(f"  const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+    out += ["  " + s for s in _stores(em, nodes, at)]
+    out.append("}")
+    return out
+
+
+def _row_kernel(em, members, reduce, par) -> list[str]:
+    c = em.cols
+    before = [n for n in members if n is not reduce and _reaches(n, reduce, set(members))]
+    after = [n for n in members if n is not reduce and n not in before]
+    x = reduce.inputs[0]
+    y = em.names[reduce.outputs[0]]
+    lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
+             f"    float buf[{c}];", "    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
+    for n in before:
+        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+    lines.append(f"      buf[j] = {em.load(x)};")
+    lines += ["      " + s for s in _stores(em, before, f"r * {c} + j")]
+    lines.append("    }")
+    if reduce.op == "layer_norm":
+        w, b = (em.load(v) for v in reduce.inputs[1:])
+        eps = float(reduce.attrs["eps"])
+        lines += ["    float sum = 0.0f;", "    #pragma omp simd reduction(+:sum)",
+                  f"    for (int64_t j = 0; j < {c}; ++j) sum += buf[j];",
+                  f"    const float mean = sum / {c}.0f;", "    float sq = 0.0f;",
+                  "    #pragma omp simd reduction(+:sq)",
+                  f"    for (int64_t j = 0; j < {c}; ++j) {{ float d = buf[j] - mean; sq += d * d; }}",
+                  f"    const float rstd = 1.0f / std::sqrt(sq / {c}.0f + {eps!r}f);"]
+        value = f"(buf[j] - mean) * rstd * {w} + {b}"
+    else:
+        lines += ["    float mx = -INFINITY;", "    #pragma omp simd reduction(max:mx)",
+                  f"    for (int64_t j = 0; j < {c}; ++j) mx = buf[j] > mx ? buf[j] : mx;",
+                  "    float sum = 0.0f;", "    #pragma omp simd reduction(+:sum)"]
+        if reduce.op == "softmax":
+            lines += [f"    for (int64_t j = 0; j < {c}; ++j) {{ buf[j] = ow_exp(buf[j] - mx); sum += buf[j]; }}",
+                      "    const float inv = 1.0f / sum;"]
+            value = "buf[j] * inv"
+        else:
+            lines += [f"    for (int64_t j = 0; j < {c}; ++j) sum += ow_exp(buf[j] - mx);",
+                      "    const float lse = mx + std::log(sum);"]
+            value = "buf[j] - lse"
+    lines += ["    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
+    for n in before:  # recomputed where the epilogue reads them; dead code otherwise
+        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+    lines.append(f"      const float {y} = {value};")
+    for n in after:
+        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+    lines += ["      " + s for s in _stores(em, [reduce] + after, f"r * {c} + j")]
+    lines += ["    }", "  }"]
+    return lines
+
+
+def _reaches(node: Node, target: Node, inside: set[Node]) -> bool:
+    """Whether `node` feeds `target` through members of the group."""
+    stack, seen = [target], set()
+    while stack:
+        n = stack.pop()
+        for v in n.inputs:
+            p = v.producer
+            if p is node:
+                return True
+            if p in inside and p not in seen:
+                seen.add(p)
+                stack.append(p)
+    return False

@@ -1,0 +1,112 @@
+"""What each IR node can be in a fused kernel, from the registry's DNNFusion mapping types.
+
+- ANCHOR: a contraction that runs on a library (oneDNN/MKL through torch) and can absorb an
+  epilogue (bias, activation, residual add): a linear layer (`matmul` by a constant
+  weight) or a 2-D convolution with constant weights.
+- POINTWISE: a one-to-one op the C++ generator can emit in float32.
+- ROW_REDUCE: a many-to-many op that reduces along the last axis and maps back onto it
+  (softmax, log-softmax, layer norm): it fuses with one-to-one neighbours row by row.
+- VIEW: a reorganize/shuffle op that moves no data; only a reshape may join an anchor's
+  epilogue chain.
+- OPAQUE: everything else runs as the library op it is.
+Each role comes with the reason a node is not more fusible, for `OPWEAVE_DEBUG` reports.
+"""
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from ..ir import Graph, MappingType
+from ..ir.graph import Node
+
+# One-to-one ops the C++ generator implements (codegen/cpp/render.py has their formulas).
+CPP_POINTWISE = frozenset({
+    "add", "sub", "mul", "div", "neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal",
+    "sigmoid", "tanh", "erf", "relu", "gelu", "clamp", "maximum", "minimum", "where", "pow",
+})
+ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
+
+
+class Role(enum.Enum):
+    ANCHOR = "anchor"
+    POINTWISE = "pointwise"
+    ROW_REDUCE = "row-reduce"
+    VIEW = "view"
+    OPAQUE = "opaque"
+
+
+def constant_of(graph: Graph, value) -> torch.Tensor | None:
+    """The tensor behind `value` if it is a constant, seen through a transposing permute
+    (the layout pass stores GEMM weights transposed and reads them through a view)."""
+    node = value.producer
+    if node is None:
+        return None
+    if node.op == "constant":
+        return graph.constants[node.attrs["name"]]
+    if node.op == "permute" and node.attrs["dims"] == [1, 0]:
+        base = constant_of(graph, node.inputs[0])
+        return None if base is None else base.t()
+    return None
+
+
+def linear_weight(graph: Graph, node: Node) -> torch.Tensor | None:
+    """For `matmul(x[M,K], W[K,N])` with a constant W, that W; else None."""
+    if node.op != "matmul" or len(node.inputs) != 2:
+        return None
+    x, w = node.inputs
+    if x.type.rank != 2 or w.type.rank != 2:
+        return None
+    return constant_of(graph, w)
+
+
+def classify(graph: Graph, node: Node) -> tuple[Role, str]:
+    """The node's role and, for anything less than fully fusible, why."""
+    op = node.op
+    if node.opdef.is_view:
+        return Role.VIEW, "a view moves no data"
+    floats = all(v.type.dtype == torch.float32 for v in node.outputs)
+    if not floats:
+        return Role.OPAQUE, f"{op} produces {node.outputs[0].type.dtype}, kernels are float32"
+    if op == "matmul":
+        if linear_weight(graph, node) is None:
+            return Role.OPAQUE, "matmul of two activations (no constant weight to pack)"
+        return Role.ANCHOR, ""
+    if op == "conv":
+        if node.inputs[0].type.rank != 4 or constant_of(graph, node.inputs[1]) is None:
+            return Role.OPAQUE, "only 2-D convolutions with constant weights are anchors"
+        if len(node.inputs) > 2 and constant_of(graph, node.inputs[2]) is None:
+            return Role.OPAQUE, "convolution bias is not constant"
+        return Role.ANCHOR, ""
+    if op in ROW_REDUCE_OPS:
+        return _row_reduce_role(node)
+    if node.opdef.mapping is not MappingType.ONE_TO_ONE or node.opdef.is_random:
+        return Role.OPAQUE, f"{op} is {node.opdef.mapping.value}"
+    if op not in CPP_POINTWISE:
+        return Role.OPAQUE, f"no C++ formula for {op}"
+    if op == "div" and node.attrs["rounding"] != "none":
+        return Role.OPAQUE, "rounding division"
+    for v in node.inputs:
+        allowed = (torch.bool,) if op == "where" and v is node.inputs[0] else (torch.float32,)
+        if v.type.dtype not in allowed:
+            return Role.OPAQUE, f"{op} reads {v.type.dtype}"
+    if op == "pow" and node.inputs[1].type.numel != 1:
+        return Role.OPAQUE, "pow with a tensor exponent"
+    return Role.POINTWISE, ""
+
+
+def _row_reduce_role(node: Node) -> tuple[Role, str]:
+    x = node.inputs[0]
+    if any(v.type.dtype != torch.float32 for v in node.inputs):
+        return Role.OPAQUE, "row reductions are generated for float32"
+    if node.op == "layer_norm":
+        if len(node.attrs["normalized_shape"]) != 1:
+            return Role.OPAQUE, "layer norm over more than the last axis"
+        return Role.ROW_REDUCE, ""
+    if node.attrs["dim"] % max(x.type.rank, 1) != x.type.rank - 1:
+        return Role.OPAQUE, f"{node.op} along a non-last axis"
+    return Role.ROW_REDUCE, ""
+
+
+def roles(graph: Graph) -> dict[Node, tuple[Role, str]]:
+    return {n: classify(graph, n) for n in graph.nodes if n.op != "constant"}

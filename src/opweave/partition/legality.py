@@ -1,0 +1,129 @@
+"""Which sets of nodes may run as one kernel (correctness only; what pays is policy.py).
+
+Two kinds of fused group:
+- an anchor group: a linear layer or convolution plus an epilogue chain the library
+  applies as post-ops (oneDNN): bias, then one activation, or a residual add (for a
+  convolution, a residual add then ReLU), with reshapes passing through;
+- a generated kernel: one-to-one ops over one iteration space, with at most one row
+  reduction (softmax, log-softmax, layer norm) whose prologue and epilogue they form.
+Every refusal returns the reason, for the debug dump.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ir.graph import Node
+from .classify import Role
+from .context import Context
+
+LINEAR_UNARY = frozenset({"relu", "gelu", "tanh", "sigmoid"})
+CONV_UNARY = frozenset({"relu", "tanh", "sigmoid"})
+
+
+@dataclass
+class Epilogue:
+    """The post-ops of an anchor group, in the form the library takes them."""
+
+    bias: Node | None = None          # the add of a constant bias (linear layers)
+    unary: Node | None = None         # activation after bias / after the residual add
+    binary: Node | None = None        # residual add of another tensor
+    chain: tuple[Node, ...] = ()      # the members after the anchor, in order
+
+    @property
+    def last(self) -> Node | None:
+        return self.chain[-1] if self.chain else None
+
+
+def monotone_violation(ctx: Context, members) -> str | None:
+    """Reasons no superset of `members` can be legal (used to prune enumeration)."""
+    roles = [ctx.role[n] for n in members]
+    if Role.OPAQUE in roles:
+        return "contains an op that runs only as a library call"
+    anchors = roles.count(Role.ANCHOR)
+    if anchors > 1:
+        return "two contractions in one kernel"
+    if anchors:
+        if Role.ROW_REDUCE in roles:
+            return "a row reduction cannot be a library post-op"
+        return None
+    if Role.VIEW in roles:
+        return "views join only an anchor's epilogue"
+    if roles.count(Role.ROW_REDUCE) > 1:
+        return "two row reductions in one kernel"
+    shapes = {n.outputs[0].type.shape for n in members}
+    if len(shapes) > 1:
+        return f"different iteration spaces {sorted(shapes)}"
+    return None
+
+
+def why_illegal(ctx: Context, members: frozenset[Node]) -> str | None:
+    """None if `members` may run as one kernel, else why not."""
+    if len(members) == 1:
+        return None
+    bad = monotone_violation(ctx, members)
+    if bad:
+        return bad
+    if not ctx.is_convex(members):
+        return "a path leaves the group and re-enters it (the kernel would depend on itself)"
+    if any(ctx.role[n] is Role.ANCHOR for n in members):
+        epilogue = anchor_epilogue(ctx, members)
+        return epilogue if isinstance(epilogue, str) else None
+    for n in members:
+        if n.op == "layer_norm" and any(ctx.escapes(v, members) for v in n.outputs[1:]):
+            return "layer norm statistics are read elsewhere"
+    return None
+
+
+def anchor_epilogue(ctx: Context, members) -> Epilogue | str:
+    """The anchor group's post-ops, or why they are not a chain the library can apply."""
+    anchor = next(n for n in members if ctx.role[n] is Role.ANCHOR)
+    rest = set(members) - {anchor}
+    ep = Epilogue()
+    chain = []
+    cur = anchor
+    out_numel = anchor.outputs[0].type.numel
+    while rest:
+        value = cur.outputs[0]
+        users = ctx.users.get(value, [])
+        if value in ctx.graph_outputs or len(users) != 1 or users[0] not in rest:
+            return f"{cur.op} output is read outside the epilogue chain"
+        nxt = users[0]
+        rest.discard(nxt)
+        chain.append(nxt)
+        cur = nxt
+        if nxt.op == "reshape":
+            continue
+        if ep.unary is not None:
+            return f"{nxt.op} after the activation post-op"
+        if nxt.op == "add" and ep.binary is None:
+            other = [v for v in nxt.inputs if v is not value]
+            if len(other) != 1:
+                return "add of a value to itself"
+            if (anchor.op == "matmul" and ep.bias is None and not chain[:-1]
+                    and _is_row_bias(ctx, other[0], anchor)):
+                ep.bias = nxt
+                continue
+            if other[0].type.numel != out_numel or other[0].type.shape != nxt.outputs[0].type.shape:
+                return "residual add needs an operand of the output's shape"
+            if ctx.producer_in(other[0], members):
+                return "residual operand computed inside the group"
+            ep.binary = nxt
+            continue
+        allowed = LINEAR_UNARY if anchor.op == "matmul" else CONV_UNARY
+        if nxt.op in allowed and (ep.binary is None or anchor.op == "conv"):
+            if nxt.op == "gelu" and nxt.attrs["approximate"] not in ("none", "tanh"):
+                return "unknown gelu approximation"
+            ep.unary = nxt
+            continue
+        return f"{nxt.op} is not a {anchor.op} post-op here"
+    if chain and chain[-1].op == "reshape":
+        return "an epilogue does not end in a view"
+    ep.chain = tuple(chain)
+    return ep
+
+
+def _is_row_bias(ctx: Context, value, anchor: Node) -> bool:
+    from .classify import constant_of
+
+    n = anchor.outputs[0].type.shape[-1]
+    return value.type.shape in ((n,), (1, n)) and constant_of(ctx.graph, value) is not None

@@ -1,0 +1,32 @@
+"""What a fused group costs (the objective both partitioners minimize).
+
+A kernel reads its external inputs once and writes the values read outside it; values
+that stay inside never touch memory. Time is the roofline estimate of that traffic and the
+group's arithmetic plus one launch: fusing saves the intermediate round trips and the
+launches of the ops it absorbs. Legality lives in legality.py; this module only scores.
+"""
+from __future__ import annotations
+
+from ..cost.model import CPU, Machine, node_seconds
+from ..ir.graph import Node
+from .classify import Role
+from .context import Context
+
+
+def group_seconds(ctx: Context, members, machine: Machine = CPU) -> float:
+    if ctx.anchor_seconds is not None and any(ctx.role[n] is Role.ANCHOR for n in members):
+        return ctx.anchor_seconds(ctx, frozenset(members))
+    if len(members) == 1:
+        (node,) = members
+        return node_seconds(node.op, [v.type for v in node.inputs],
+                            [v.type for v in node.outputs], node.attrs, machine)
+    inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
+    outputs = [v for n in members for v in n.outputs if ctx.escapes(v, members)]
+    moved = sum(v.type.nbytes for v in inputs) + sum(v.type.nbytes for v in outputs)
+    flops = sum(_flops(n) for n in members)
+    return max(flops / machine.flops, moved / machine.bandwidth) + machine.launch
+
+
+def _flops(node: Node) -> int:
+    return node.opdef.cost([v.type for v in node.inputs], [v.type for v in node.outputs],
+                           node.attrs).flops
