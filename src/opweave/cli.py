@@ -75,6 +75,14 @@ def _rewrite_report(args) -> int:
     return 0
 
 
+def _fusion_report(args) -> int:
+    from . import models
+    from .codegen.compare import compare
+
+    print(compare(args.models or list(models.BENCHMARK_SET), small=args.small))
+    return 0
+
+
 def _demo(args) -> int:
     from . import models
     from .demo import TOLERANCE, run
@@ -146,6 +154,11 @@ def main(argv=None) -> int:
     p.add_argument("--backtrack-seconds", type=float, default=10.0)
     p.add_argument("--small", action="store_true")
     p.set_defaults(func=_rewrite_report)
+    p = sub.add_parser("fusion-report", help="ILP and greedy fusion partitioners compared")
+    p.add_argument("models", nargs="*", choices=sorted(models.BUILDERS) + [[]], default=None,
+                   help="default: the five benchmark models")
+    p.add_argument("--small", action="store_true")
+    p.set_defaults(func=_fusion_report)
     p = sub.add_parser("demo", help="compile the benchmark models, compare with eager")
     p.add_argument("models", nargs="*", choices=sorted(models.BUILDERS) + [[]], default=None)
     p.add_argument("--small", action="store_true")

@@ -85,7 +85,7 @@ def _infer_inductor_freezing(bench, threads):
     return _infer_inductor(bench, threads, freezing=True)
 
 
-def _infer_opweave(bench, threads, rewrite=None):
+def _infer_opweave(bench, threads, rewrite=None, fusion=None):
     import warnings
 
     from ..frontends.torch_export import compile as opweave_compile
@@ -94,7 +94,8 @@ def _infer_opweave(bench, threads, rewrite=None):
     compiled = []
 
     def compile_(m):
-        compiled.append(opweave_compile(m, bench.inputs, name=bench.name, rewrite=rewrite))
+        compiled.append(opweave_compile(m, bench.inputs, name=bench.name, rewrite=rewrite,
+                                        fusion=fusion))
         return compiled[-1]
 
     with warnings.catch_warnings(record=True) as caught:
@@ -107,12 +108,26 @@ def _infer_opweave(bench, threads, rewrite=None):
         if report.engine != "off":
             notes.append(f"rewrite {report.cost_before * 1e3:.1f} -> {report.cost_after * 1e3:.1f} "
                          f"ms est. in {report.seconds:.1f} s")
+    for step in (program.steps if program else []):
+        lowered = getattr(getattr(step, "executor", None), "lowered", None)
+        if lowered is not None:
+            counts = lowered.kernel_counts()
+            notes.append(f"{lowered.partition.method} fusion: {counts.get('library', 0)} library "
+                         f"+ {counts.get('cpp', 0)} generated kernels, {counts.get('op', 0)} single ops")
     prepared.note = "; ".join(notes)
     return prepared
 
 
 def _infer_opweave_norewrite(bench, threads):
     return _infer_opweave(bench, threads, rewrite=False)
+
+
+def _infer_opweave_nofusion(bench, threads):
+    return _infer_opweave(bench, threads, fusion="off")
+
+
+def _infer_opweave_greedy(bench, threads):
+    return _infer_opweave(bench, threads, fusion="greedy")
 
 
 def _export_form(bench: BenchmarkModel) -> tuple[torch.nn.Module, str]:
@@ -312,6 +327,11 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     # the rewrite pass's contribution: opweave with it turned off
     "opweave-norewrite": {INFER: _infer_opweave_norewrite,
                           TRAIN: _inference_only("the rewrite comparison")},
+    # fusion's contribution: op by op, and the greedy partitioner instead of the ILP
+    "opweave-nofusion": {INFER: _infer_opweave_nofusion,
+                         TRAIN: _inference_only("the fusion comparison")},
+    "opweave-greedy": {INFER: _infer_opweave_greedy,
+                       TRAIN: _inference_only("the fusion comparison")},
 }
 BACKENDS = tuple(PREPARE)
 

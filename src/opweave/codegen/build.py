@@ -6,6 +6,10 @@ another. Each object exports `ow_key()`, its own key; an entry that does not loa
 whose key does not match is rebuilt, never trusted. Objects are written to a temporary
 name and renamed into place, so a killed build leaves no half-written entry. Translation
 units build in parallel, one compiler process per core.
+
+Flags: -fno-math-errno and -fno-trapping-math let g++ vectorize floor, sqrt and float-to-int
+conversions (without them the loops stay scalar); neither changes a computed value, since
+opweave reads neither errno nor floating-point traps. -ffast-math, which would, is not used.
 """
 from __future__ import annotations
 
@@ -22,8 +26,10 @@ from pathlib import Path
 
 from .prelude import PRELUDE
 
-FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fPIC", "-shared", "-std=c++17")
+FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
+         "-fPIC", "-shared", "-std=c++17")
 COMPILER = os.environ.get("CXX", "g++")
+_LOADED: dict[str, ctypes.CDLL] = {}  # key -> object already loaded by this process
 
 
 class BuildError(RuntimeError):
@@ -96,11 +102,14 @@ def _load_checked(path: Path, key: str) -> ctypes.CDLL | None:
 def load(body: str) -> ctypes.CDLL:
     """The shared object for `body` (C++ function definitions), from cache or built."""
     key = key_of(body)
+    if key in _LOADED:
+        return _LOADED[key]
     path = cache_dir() / f"{key}.so"
     stale = False
     if path.exists():
         lib = _load_checked(path, key)
         if lib is not None:
+            _LOADED[key] = lib
             return lib
         warnings.warn(f"opweave: cached kernel object {path} failed its check; rebuilding it",
                       RuntimeWarning, stacklevel=2)
@@ -116,6 +125,7 @@ def load(body: str) -> ctypes.CDLL:
         lib = _load_checked(path, key)
     if lib is None:
         raise BuildError(f"built {path} but it does not load or identify itself")
+    _LOADED[key] = lib
     return lib
 
 

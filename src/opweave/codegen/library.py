@@ -106,7 +106,8 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     random inputs (memoized per key for the process)."""
     if key in _CHOICES and _CHOICES[key][0] in candidates:
         return _CHOICES[key]
-    args = [_example(v) for v in inputs]
+    # convolutions keep activations channels-last between them, so measure them that way
+    args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
     times: dict[str, list[float]] = {name: [] for name in candidates}
     for r in range(rounds + 2):
         for name, fn in candidates.items():
@@ -120,8 +121,9 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     return _CHOICES[key]
 
 
-def _example(v: Value) -> torch.Tensor:
+def _example(v: Value, channels_last: bool) -> torch.Tensor:
     t = v.type
-    if t.dtype.is_floating_point:
-        return torch.randn(t.shape, dtype=t.dtype)
-    return torch.zeros(t.shape, dtype=t.dtype)
+    if not t.dtype.is_floating_point:
+        return torch.zeros(t.shape, dtype=t.dtype)
+    x = torch.randn(t.shape, dtype=t.dtype)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.dim() == 4 else x

@@ -1,0 +1,104 @@
+"""The partitioner: roles, legality with reasons, ILP vs greedy, the structural cache."""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+from opweave.ir import Graph, TensorType
+from opweave.partition import Role, partition
+from opweave.partition.context import Context
+from opweave.partition.legality import why_illegal
+
+from .graphs import attention_scores, mlp_block, stacked_mlp
+
+
+def _fused_ops(part) -> Counter:
+    return Counter(tuple(n.op for n in part.ordered(g)) for g in part.fused)
+
+
+def test_roles_follow_mapping_types():
+    g = mlp_block()
+    ctx = Context(g)
+    roles = Counter(ctx.role[n] for n in ctx.nodes)
+    assert roles[Role.ANCHOR] == 2          # the two linears
+    assert roles[Role.ROW_REDUCE] == 1      # layer norm
+    assert ctx.reason[next(n for n in ctx.nodes if n.op == "permute")] == "a view moves no data"
+
+
+def test_ilp_fuses_mlp_block():
+    part = partition(mlp_block(), "ilp")
+    fused = _fused_ops(part)
+    assert fused[("matmul", "add", "gelu")] == 1
+    # the residual add joins either the second linear's post-ops or the layer norm kernel
+    assert (fused[("matmul", "add", "reshape", "add")] + fused[("add", "layer_norm")]) == 1
+    covered = [n for g in part.groups for n in g]
+    assert len(covered) == len(set(covered)) == len(part.ctx.nodes)
+
+
+def test_greedy_cannot_pass_an_illegal_intermediate_group():
+    """matmul+add+reshape is not a legal group (an epilogue cannot end in a view), so
+    greedy never reaches matmul+add+reshape+add; the ILP sees whole candidates."""
+    g = mlp_block()
+    ilp, greedy = partition(g, "ilp"), partition(g, "greedy")
+    assert ("matmul", "add", "reshape", "add") not in _fused_ops(greedy)
+    assert ilp.estimated_seconds() <= greedy.estimated_seconds() + 1e-12
+
+
+def test_row_reduction_takes_its_prologue():
+    part = partition(attention_scores(), "ilp")
+    assert _fused_ops(part) == Counter({("mul", "add", "softmax"): 1})
+
+
+def test_refusals_say_why():
+    g = mlp_block()
+    ctx = Context(g)
+    by_op = {}
+    for n in ctx.nodes:
+        by_op.setdefault(n.op, []).append(n)
+    mm1, mm2 = by_op["matmul"]
+    assert why_illegal(ctx, frozenset([mm1, mm2])) == "two contractions in one kernel"
+    ln = by_op["layer_norm"][0]
+    gelu = by_op["gelu"][0]
+    assert "iteration spaces" in why_illegal(ctx, frozenset([gelu, ln]))
+
+
+def test_non_convex_group_is_refused():
+    """a -> b -> c and a -> c: {a, c} without b would need its own output."""
+    g = Graph("diamond")
+    x = g.add_input("x", TensorType((4, 4), torch.float32))
+    a = g.add1("exp", [x])
+    b = g.add1("sum", [a], {"dims": [1], "keepdim": True})
+    c = g.add1("add", [a, b])
+    g.outputs = [c]
+    ctx = Context(g)
+    na, nc = a.producer, c.producer
+    assert "re-enters" in why_illegal(ctx, frozenset([na, nc]))
+    part = partition(g, "ilp")
+    assert part.fused == []
+
+
+def test_repeated_blocks_are_solved_once():
+    part = partition(stacked_mlp(layers=4), "ilp")
+    assert part.components >= 4
+    assert part.cache_hits >= 3
+
+
+@pytest.mark.parametrize("method", ["ilp", "greedy"])
+def test_every_node_is_covered_once(method):
+    part = partition(stacked_mlp(layers=2), method)
+    covered = [n for g in part.groups for n in g]
+    assert sorted(map(id, covered)) == sorted(map(id, part.ctx.nodes))
+
+
+def test_why_alone_names_the_blocking_reason():
+    g = mlp_block()
+    part = partition(g, "ilp")
+    permute = next(n for n in part.ctx.nodes if n.op == "permute")
+    assert part.why_alone(permute) == "a view moves no data"
+
+
+def test_unknown_method_is_refused():
+    with pytest.raises(ValueError, match="unknown partitioner"):
+        partition(mlp_block(), "magic")
