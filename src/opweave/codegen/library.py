@@ -4,7 +4,9 @@ A linear layer runs as `mkldnn._linear_pointwise` over a weight packed once at c
 time (oneDNN's blocked layout; measured 15-25% faster than MKL's sgemm on the 2-core
 AMD machines), with bias, an activation or a residual add applied to the output tile
 before it is stored. A convolution runs as `mkldnn._convolution_pointwise` on a packed
-weight in channels-last layout, with ReLU and residual-add post-ops. Each anchor group
+weight; oneDNN writes channels-last outputs whatever the input layout, so activations
+stay channels-last from one convolution to the next (a residual operand is brought to
+that layout). ReLU and residual adds are post-ops. Each anchor group
 also has its reference form (the same nodes as torch ops); the faster of the two is
 chosen by measuring both at the group's shapes, once per shape in a process.
 """
@@ -25,8 +27,16 @@ _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmo
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
 
 
-def available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+MIN_CONV_CHANNELS = 16  # one AVX-512 vector of floats
+
+
+def supports(anchor: Node) -> bool:
+    """Whether the library form applies. A convolution over fewer input channels than one
+    vector (an image stem) gains nothing from channels-last, and oneDNN would copy its
+    input into that layout (more memory than eager), so it keeps the reference form."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return anchor.op != "conv" or anchor.inputs[0].type.shape[1] >= MIN_CONV_CHANNELS
 
 
 def group_inputs(anchor: Node, ep: Epilogue) -> list[Value]:
@@ -82,14 +92,14 @@ def _conv(graph, anchor, ep, out_shape):
         op = torch.ops.mkldnn._convolution_pointwise.binary
 
         def conv_add(x, other):
-            return [op(x.contiguous(memory_format=cl), other.contiguous(memory_format=cl), packed,
+            return [op(x, other.contiguous(memory_format=cl), packed,
                        bias, *geometry, "add", 1.0, unary, [], "").view(out_shape)]
         return conv_add
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.mkldnn._convolution_pointwise
 
     def conv(x):
-        return [op(x.contiguous(memory_format=cl), packed, bias, *geometry, attr, scalars,
+        return [op(x, packed, bias, *geometry, attr, scalars,
                    algorithm).view(out_shape)]
     return conv
 

@@ -139,7 +139,7 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs):
     ins = used + [v for v in dict.fromkeys(v for n in nodes for v in n.inputs)
                   if v not in used and not ctx.producer_in(v, group) and not _is_constant(v)]
     candidates = {"reference": reference_fn(graph, nodes, ins, outputs)}
-    if library.available():
+    if library.supports(anchor):
         fn, k = library.onednn(graph, anchor, ep), len(used)
         candidates["onednn"] = lambda *args: fn(*args[:k])
     return library.signature(graph, anchor, ep), candidates, ins, ep
@@ -194,18 +194,31 @@ def _build(pending, lowered: Lowered) -> None:
 
 
 class CppKernel:
-    """Calls one generated kernel: allocates its outputs, passes contiguous inputs."""
+    """Calls one generated kernel: allocates its outputs, passes contiguous inputs. A
+    layout-free kernel given inputs that share one dense layout (channels-last
+    activations) runs in that layout and writes its outputs in it, copying nothing."""
 
     def __init__(self, fn, src: KernelSource):
         self.fn = fn
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
+        self.layout_free = src.layout_free
 
     def __call__(self, *inputs):
-        outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
-        ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        if self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
+            outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in self.out_types]
+            ins = inputs
+        else:
+            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
+            ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
         self.fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
         return outs
+
+
+def _same_dense_layout(tensors) -> bool:
+    first = tensors[0]
+    return (first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last)
+            and all(t.stride() == first.stride() for t in tensors[1:]))
 
 
 def _topological(part: Partition) -> list[frozenset[Node]]:

@@ -29,6 +29,9 @@ class KernelSource:
     body: str                 # C++ function definition (name filled in)
     inputs: list[Value]       # in argument order, after the outputs
     outputs: list[Value]
+    # every input has the output's shape and no row reduction: the kernel only pairs up
+    # elements, so it runs on any layout the inputs share (channels-last, say)
+    layout_free: bool = False
 
 
 class _Emitter:
@@ -163,7 +166,8 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     name = f"ow_k_{digest}"
     src = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
-    return KernelSource(name, src, em.inputs, em.outputs)
+    layout_free = reduce is None and all(v.type.shape == em.shape for v in em.inputs)
+    return KernelSource(name, src, em.inputs, em.outputs, layout_free)
 
 
 def _stores(em, nodes, at: str) -> list[str]:
