@@ -74,6 +74,7 @@ def test_spinning_runtime_is_quiet_when_its_call_returns():
             assert _cpu_seconds(worker.pid) - before < 0.02
 
 
+@pytest.mark.timing
 def test_a_backends_timing_does_not_change_when_another_is_present():
     """Eager alone vs eager alternating with ONNX Runtime (each in its own process), in
     interleaved blocks so that machine drift hits both conditions alike.
