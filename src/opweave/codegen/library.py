@@ -27,16 +27,16 @@ _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmo
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
 
 
-MIN_CONV_CHANNELS = 16  # one AVX-512 vector of floats
-
-
 def supports(anchor: Node) -> bool:
-    """Whether the library form applies. A convolution over fewer input channels than one
-    vector (an image stem) gains nothing from channels-last, and oneDNN would copy its
-    input into that layout (more memory than eager), so it keeps the reference form."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    return anchor.op != "conv" or anchor.inputs[0].type.shape[1] >= MIN_CONV_CHANNELS
+    """Whether the library form applies (torch was built with oneDNN)."""
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _shaped(y: torch.Tensor, shape) -> torch.Tensor:
+    """`y` viewed as `shape`, untouched when it already has it: a view re-derives the
+    strides of size-1 axes, and torch then no longer sees a channels-last tensor as one
+    (max pooling copied it to NCHW and ran 18x slower)."""
+    return y if tuple(y.shape) == tuple(shape) else y.view(shape)
 
 
 def group_inputs(anchor: Node, ep: Epilogue) -> list[Value]:
@@ -74,9 +74,9 @@ def _linear(graph, anchor, ep, out_shape):
         bias = constant_of(graph, b).reshape(n).contiguous()
     op = torch.ops.mkldnn._linear_pointwise
     if ep.binary is not None:
-        return lambda x, other: [op(x, other.reshape(m, n), packed, bias, "add").view(out_shape)]
+        return lambda x, other: [_shaped(op(x, other.reshape(m, n), packed, bias, "add"), out_shape)]
     attr, scalars, algorithm = _unary(ep)
-    return lambda x: [op(x, packed, bias, attr, scalars, algorithm).view(out_shape)]
+    return lambda x: [_shaped(op(x, packed, bias, attr, scalars, algorithm), out_shape)]
 
 
 def _conv(graph, anchor, ep, out_shape):
@@ -92,15 +92,14 @@ def _conv(graph, anchor, ep, out_shape):
         op = torch.ops.mkldnn._convolution_pointwise.binary
 
         def conv_add(x, other):
-            return [op(x, other.contiguous(memory_format=cl), packed,
-                       bias, *geometry, "add", 1.0, unary, [], "").view(out_shape)]
+            return [_shaped(op(x, other.contiguous(memory_format=cl), packed,
+                               bias, *geometry, "add", 1.0, unary, [], ""), out_shape)]
         return conv_add
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.mkldnn._convolution_pointwise
 
     def conv(x):
-        return [op(x, packed, bias, *geometry, attr, scalars,
-                   algorithm).view(out_shape)]
+        return [_shaped(op(x, packed, bias, *geometry, attr, scalars, algorithm), out_shape)]
     return conv
 
 
