@@ -80,26 +80,42 @@ def _linear(graph, anchor, ep, out_shape):
 
 
 def _conv(graph, anchor, ep, out_shape):
+    """A 2-D convolution, or a 1-D one run as 2-D over a height of 1 (oneDNN packs only
+    2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
+    already, so it is read in place where torch's conv1d would copy it."""
     a = anchor.attrs
     weight = constant_of(graph, anchor.inputs[1]).contiguous()
     bias = constant_of(graph, anchor.inputs[2]).contiguous() if len(anchor.inputs) > 2 else None
-    geometry = (a["padding"], a["stride"], a["dilation"], a["groups"])
-    packed = torch.ops.mkldnn._reorder_convolution_weight(
-        weight, *geometry, list(anchor.inputs[0].type.shape))
+    size = list(anchor.inputs[0].type.shape)
+    padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
+    one_d = len(size) == 3
+    if one_d:
+        weight = weight.unsqueeze(2)
+        size = size[:2] + [1] + size[2:]
+        padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
+    geometry = (padding, stride, dilation, a["groups"])
+    packed = torch.ops.mkldnn._reorder_convolution_weight(weight, *geometry, size)
     cl = torch.channels_last
+
+    def to_2d(t):
+        return t.unsqueeze(2) if one_d else t
+
+    def finish(y):
+        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+
     if ep.binary is not None:
         unary = ep.unary.op if ep.unary is not None else None
         op = torch.ops.mkldnn._convolution_pointwise.binary
 
         def conv_add(x, other):
-            return [_shaped(op(x, other.contiguous(memory_format=cl), packed,
-                               bias, *geometry, "add", 1.0, unary, [], ""), out_shape)]
+            return [finish(op(to_2d(x), to_2d(other).contiguous(memory_format=cl), packed,
+                              bias, *geometry, "add", 1.0, unary, [], ""))]
         return conv_add
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.mkldnn._convolution_pointwise
 
     def conv(x):
-        return [_shaped(op(x, packed, bias, *geometry, attr, scalars, algorithm), out_shape)]
+        return [finish(op(to_2d(x), packed, bias, *geometry, attr, scalars, algorithm))]
     return conv
 
 

@@ -73,8 +73,8 @@ def classify(graph: Graph, node: Node) -> tuple[Role, str]:
             return Role.OPAQUE, "matmul of two activations (no constant weight to pack)"
         return Role.ANCHOR, ""
     if op == "conv":
-        if node.inputs[0].type.rank != 4 or constant_of(graph, node.inputs[1]) is None:
-            return Role.OPAQUE, "only 2-D convolutions with constant weights are anchors"
+        if node.inputs[0].type.rank not in (3, 4) or constant_of(graph, node.inputs[1]) is None:
+            return Role.OPAQUE, "only 1-D and 2-D convolutions with constant weights are anchors"
         if len(node.inputs) > 2 and constant_of(graph, node.inputs[2]) is None:
             return Role.OPAQUE, "convolution bias is not constant"
         return Role.ANCHOR, ""

@@ -1,0 +1,87 @@
+"""Anchor groups on oneDNN (packed weights, post-ops) against the reference ops."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opweave.codegen import library, lower
+from opweave.ir import Graph, TensorType
+from opweave.runtime import Executor
+
+from ..partition.graphs import linear
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
+                                reason="needs torch built with oneDNN")
+F32 = torch.float32
+
+
+def _run(g: Graph, *inputs, names):
+    lowered = lower(g, "ilp", measure=False)
+    assert [s.name for s in lowered.steps if s.kind == "library"] == names
+    got = Executor(g, steps=lowered.steps)(*inputs)
+    ref = Executor(g)(*inputs)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("act", [("gelu", "none"), ("gelu", "tanh"), ("relu", None),
+                                 ("tanh", None), ("sigmoid", None)])
+def test_linear_with_activation_post_op(act):
+    op, approx = act
+    g = Graph("lin")
+    x = g.add_input("x", TensorType((6, 24), F32))
+    y = linear(g, x, 24, 40, "fc")
+    g.outputs = [g.add1(op, [y], {"approximate": approx} if approx else {})]
+    _run(g, torch.randn(6, 24), names=[f"matmul+add+{op}"])
+
+
+def test_linear_with_residual_post_op():
+    g = Graph("res")
+    x = g.add_input("x", TensorType((1, 6, 24), F32))
+    flat = g.add1("reshape", [x], {"shape": [6, 24]})
+    y = g.add1("reshape", [linear(g, flat, 24, 24, "fc")], {"shape": [1, 6, 24]})
+    g.outputs = [g.add1("add", [x, y])]          # residual on the left: add commutes
+    _run(g, torch.randn(1, 6, 24), names=["matmul+add+reshape+add"])
+
+
+def _conv(g, x, c_in, c_out, k, name, rank=2):
+    w = g.add_constant(f"{name}_w", torch.randn(c_out, c_in, *([k] * rank)) / (c_in * k) ** 0.5)
+    b = g.add_constant(f"{name}_b", torch.randn(c_out))
+    attrs = {"stride": [1] * rank, "padding": [k // 2] * rank, "dilation": [1] * rank}
+    return g.add1("conv", [x, w, b], attrs)
+
+
+def test_conv_relu_and_residual_add_relu():
+    g = Graph("block")
+    x = g.add_input("x", TensorType((1, 16, 9, 9), F32))
+    h = g.add1("relu", [_conv(g, x, 16, 16, 3, "c1")])
+    y = g.add1("relu", [g.add1("add", [_conv(g, h, 16, 16, 3, "c2"), x])])
+    g.outputs = [y]
+    _run(g, torch.randn(1, 16, 9, 9), names=["conv+relu", "conv+add+relu"])
+
+
+def test_conv1d_reads_a_transposed_input_in_place():
+    g = Graph("c1d")
+    x = g.add_input("x", TensorType((1, 20, 16), F32))          # [N, L, C] as XML-CNN has it
+    t = g.add1("permute", [x], {"dims": [0, 2, 1]})
+    g.outputs = [g.add1("relu", [_conv(g, t, 16, 8, 3, "c", rank=1)])]
+    _run(g, torch.randn(1, 20, 16), names=["conv+relu"])
+
+
+def test_choice_is_measured_once_per_shape():
+    calls = {"slow": 0, "fast": 0}
+
+    def make(name, delay):
+        def fn(x):
+            calls[name] += 1
+            torch.mm(x, x) if delay else None
+            return [x]
+        return fn
+    g = Graph("k")
+    v = g.add_input("x", TensorType((64, 64), F32))
+    key = ("test", "shape")
+    best, seconds = library.choose(key, {"slow": make("slow", True), "fast": make("fast", False)}, [v])
+    assert best == "fast" and seconds > 0
+    before = dict(calls)
+    assert library.choose(key, {"slow": make("slow", True), "fast": make("fast", False)}, [v])[0] == "fast"
+    assert calls == before
