@@ -125,6 +125,11 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue) -> tuple:
             tuple(str(v.type) for v in anchor.inputs), posts)
 
 
+def measured(key: tuple) -> float | None:
+    """Seconds of the fastest form measured for this signature, if any."""
+    return _CHOICES[key][1] if key in _CHOICES else None
+
+
 def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
            rounds: int = 7) -> tuple[str, float]:
     """The faster candidate at these shapes and its median seconds, by interleaved runs on

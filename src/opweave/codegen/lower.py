@@ -159,6 +159,9 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool) -> Step:
 def measured_anchor_seconds(graph, ctx, group) -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost)."""
     nodes = sorted(group, key=ctx.index.__getitem__)
+    known = library.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group)))
+    if known is not None:  # skip packing weights for a shape measured already
+        return known
     outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
     key, candidates, ins, _ = _anchor_candidates(graph, ctx, group, nodes, outputs)
     return library.choose(key, candidates, ins)[1]
