@@ -65,6 +65,11 @@ class Partition:
         return "; ".join(reasons) or "no neighbours"
 
 
+def clear_cache() -> None:
+    """Forget solved components (to time solving itself, or after changing costs)."""
+    _SOLVED.clear()
+
+
 def partition(graph: Graph, method: str = "ilp", ilp_seconds: float = 2.0,
               anchor_seconds=None) -> Partition:
     """`anchor_seconds(ctx, group)`, if given, is the measured time of a group holding a

@@ -3,7 +3,9 @@
 A component is a connected set of nodes joined by edges along which fusion is possible
 (anchor to epilogue, one-to-one to one-to-one or row reduction, views in epilogues).
 Candidates are the legal, connected node sets of a component up to MAX_GROUP nodes,
-grown from each node and pruned as soon as no superset could be legal. Components are
+grown from each node and pruned as soon as no superset could be legal: besides the
+monotone rules of legality, a set with a path through a node outside the component can
+never become convex by growing inside it. Components are
 keyed by a structural hash so that the 12 or 24 identical layers of a transformer are
 solved once.
 """
@@ -71,6 +73,7 @@ def components(ctx: Context, adj) -> list[list[Node]]:
 def candidates(ctx: Context, comp: list[Node], adj) -> list[frozenset[Node]]:
     """Every legal connected group of the component (singletons included)."""
     inside = set(comp)
+    outside = ~ctx.mask(comp)
     found: set[frozenset[Node]] = set()
     seen: set[frozenset[Node]] = set()
     stack = [frozenset([n]) for n in comp]
@@ -90,7 +93,8 @@ def candidates(ctx: Context, comp: list[Node], adj) -> list[frozenset[Node]]:
         frontier = {k for m in group for k in adj[m] if k in inside and k not in group}
         for k in frontier:
             bigger = group | {k}
-            if bigger not in seen and monotone_violation(ctx, bigger) is None:
+            if (bigger not in seen and monotone_violation(ctx, bigger) is None
+                    and not ctx.between(bigger) & outside):
                 stack.append(bigger)
     return sorted(found, key=lambda g: (len(g), sorted(ctx.index[n] for n in g)))
 

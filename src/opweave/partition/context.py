@@ -47,16 +47,19 @@ class Context:
             m |= 1 << self.index[n]
         return m
 
-    def is_convex(self, members) -> bool:
-        """No path leaves the group and comes back (else the fused kernel would need its
-        own output as an input: a cycle)."""
-        m = self.mask(members)
+    def between(self, members) -> int:
+        """Bitset of the non-members on paths from one member to another."""
         below = above = 0
         for n in members:
             i = self.index[n]
             below |= self.desc[i]
             above |= self.anc[i]
-        return (below & above & ~m) == 0
+        return below & above & ~self.mask(members)
+
+    def is_convex(self, members) -> bool:
+        """No path leaves the group and comes back (else the fused kernel would need its
+        own output as an input: a cycle)."""
+        return self.between(members) == 0
 
     def escapes(self, value: Value, members) -> bool:
         """Whether `value` is read outside the group (so the kernel must write it)."""
