@@ -102,3 +102,12 @@ def test_why_alone_names_the_blocking_reason():
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown partitioner"):
         partition(mlp_block(), "magic")
+
+
+def test_overlong_rows_stay_in_torch():
+    g = Graph("long")
+    x = g.add_input("x", TensorType((2, 20000), torch.float32))
+    g.outputs = [g.add1("softmax", [g.add1("exp", [x])], {"dim": 1})]
+    ctx = Context(g)
+    softmax = g.outputs[0].producer
+    assert ctx.role[softmax] is Role.OPAQUE and "longer than" in ctx.reason[softmax]

@@ -26,6 +26,7 @@ CPP_POINTWISE = frozenset({
     "sigmoid", "tanh", "erf", "relu", "gelu", "clamp", "maximum", "minimum", "where", "pow",
 })
 ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
+MAX_ROW = 16384  # a generated row reduction keeps one row in a stack buffer (64 KiB)
 
 
 class Role(enum.Enum):
@@ -99,6 +100,8 @@ def _row_reduce_role(node: Node) -> tuple[Role, str]:
     x = node.inputs[0]
     if any(v.type.dtype != torch.float32 for v in node.inputs):
         return Role.OPAQUE, "row reductions are generated for float32"
+    if x.type.rank == 0 or x.type.shape[-1] > MAX_ROW:
+        return Role.OPAQUE, f"rows longer than {MAX_ROW} elements stay in torch"
     if node.op == "layer_norm":
         if len(node.attrs["normalized_shape"]) != 1:
             return Role.OPAQUE, "layer norm over more than the last axis"
