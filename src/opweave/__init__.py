@@ -25,7 +25,7 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None):
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):
     """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks, and
     the rewrite pass's rules fired and estimated cost before and after."""
-    from .explain import explain as _explain
+    from .explanation import explain as _explain
 
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite)
 

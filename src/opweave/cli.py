@@ -7,7 +7,7 @@ import sys
 
 def _explain(args) -> int:
     from . import models
-    from .explain import explain
+    from .explanation import explain
     from .frontends.torch_export import compile as compile_model
 
     bench = models.build(args.model, small=args.small)

@@ -52,3 +52,12 @@ def test_explain_reports_the_rewrites():
     text = str(opweave.explain(bench.module.eval(), bench.inputs, graph_breaks=False,
                                rewrite=options))
     assert "rewrite @" in text and "softmax-recompose" in text and "estimated" in text
+
+
+def test_explain_stays_callable_after_use():
+    """The function `opweave.explain` must not be shadowed by the module it imports."""
+    import opweave
+
+    bench = small_model("gcn")
+    opweave.explain(bench.module.eval(), bench.inputs, graph_breaks=False, rewrite=False)
+    assert callable(opweave.explain)
