@@ -85,3 +85,44 @@ def test_choice_is_measured_once_per_shape():
     before = dict(calls)
     assert library.choose(key, {"slow": make("slow", True), "fast": make("fast", False)}, [v])[0] == "fast"
     assert calls == before
+
+
+def test_pointwise_conv_as_gemm_matches():
+    g = Graph("c1x1")
+    x = g.add_input("x", TensorType((1, 16, 5, 7), F32))
+    y = g.add1("relu", [_conv(g, x, 16, 24, 1, "p")])
+    g.outputs = [y]
+    lowered = lower(g, "ilp", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "library"]
+    from opweave.codegen.lower import _anchor_candidates
+    from opweave.partition.context import Context
+
+    ctx = Context(g)
+    group = frozenset(step.nodes)
+    _, candidates, ins, _ = _anchor_candidates(g, ctx, group, step.nodes, step.outputs)
+    assert "onednn-gemm" in candidates
+    xin = torch.randn(1, 16, 5, 7).contiguous(memory_format=torch.channels_last)
+    (got,) = candidates["onednn-gemm"](xin)
+    assert len(ins) == 1                       # weight and bias are baked in
+    (ref,) = candidates["reference"](xin)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("residual_read_later", [False, True])
+def test_conv_adds_into_a_dead_residual_only(residual_read_later):
+    g = Graph("inplace")
+    x = g.add_input("x", TensorType((1, 16, 6, 6), F32))
+    r = g.add1("relu", [_conv(g, x, 16, 16, 1, "c0")])          # the residual
+    h = g.add1("relu", [_conv(g, r, 16, 16, 3, "c1")])
+    y = g.add1("relu", [g.add1("add", [_conv(g, h, 16, 16, 1, "c2"), r])])
+    g.outputs = [y, r] if residual_read_later else [y]
+    lowered = lower(g, "ilp", measure=False)
+    names = [s.name for s in lowered.steps if s.kind == "library"]
+    assert names[-1] == ("conv+add+relu" if residual_read_later
+                         else "conv+add+relu (into its residual)")
+    inp = torch.randn(1, 16, 6, 6)
+    got = Executor(g, steps=lowered.steps)(inp)
+    ref = Executor(g)(inp)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -106,14 +106,17 @@ def lower(graph: Graph, mode=None, measure: bool = True) -> Lowered:
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []
-    for group in _topological(part):
+    order = _topological(part)
+    position = {n: i for i, g in enumerate(order) for n in g}
+    for group in order:
         nodes = part.ordered(group)
         if len(nodes) == 1 and ctx.role[nodes[0]] is not Role.ANCHOR:
             lowered.steps.append(op_step(nodes[0]))
             continue
         outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
         if ctx.role[nodes[0]] is Role.ANCHOR:
-            lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure))
+            inplace = _residual_is_dead(ctx, group, position)
+            lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure, inplace))
             continue
         src = render(graph, nodes, lambda v, g=group: ctx.escapes(v, g))
         step = Step(None, src.inputs, src.outputs, nodes, "cpp", src.name)
@@ -129,7 +132,24 @@ def _is_constant(v: Value) -> bool:
     return v.producer is not None and v.producer.op == "constant"
 
 
-def _anchor_candidates(graph, ctx, group, nodes, outputs):
+def _residual_is_dead(ctx, group, position) -> bool:
+    """Whether a group's residual operand may be overwritten: it owns its storage (made by
+    a non-view op, not an input, constant or graph output, with no views taken of it) and
+    every other reader runs in an earlier step."""
+    anchor = min(group, key=ctx.index.__getitem__)
+    ep = anchor_epilogue(ctx, group)
+    if isinstance(ep, str) or ep.binary is None or anchor.op != "conv":
+        return False
+    (other,) = library.group_inputs(anchor, ep)[1:]
+    p = other.producer
+    if p is None or p.op == "constant" or p.opdef.is_view or other in ctx.graph_outputs:
+        return False
+    here = position[anchor]
+    return all(u is ep.binary or (not u.opdef.is_view and position[u] < here)
+               for u in ctx.users.get(other, ()))
+
+
+def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False):
     """(signature, {name: fn}, inputs) for an anchor group: the library form and the
     reference form (the nodes as torch ops)."""
     anchor = nodes[0]
@@ -139,20 +159,22 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs):
     ins = used + [v for v in dict.fromkeys(v for n in nodes for v in n.inputs)
                   if v not in used and not ctx.producer_in(v, group) and not _is_constant(v)]
     candidates = {"reference": reference_fn(graph, nodes, ins, outputs)}
-    if library.supports(anchor):
-        fn, k = library.onednn(graph, anchor, ep), len(used)
-        candidates["onednn"] = lambda *args: fn(*args[:k])
+    k = len(used)
+    for name, fn in library.forms(graph, anchor, ep, inplace).items():
+        candidates[name] = lambda *args, fn=fn: fn(*args[:k])
     return library.signature(graph, anchor, ep), candidates, ins, ep
 
 
-def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool) -> Step:
-    key, candidates, ins, ep = _anchor_candidates(graph, ctx, group, nodes, outputs)
+def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool) -> Step:
+    key, candidates, ins, ep = _anchor_candidates(graph, ctx, group, nodes, outputs, inplace)
     if measure:
         chosen, _ = library.choose(key, candidates, ins)
     else:
         chosen = "onednn" if "onednn" in candidates else "reference"
-    kind = "library" if chosen == "onednn" else "reference"
+    kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
+    if inplace and chosen == "onednn":
+        name += " (into its residual)"
     return Step(candidates[chosen], ins, outputs, nodes, kind, name)
 
 

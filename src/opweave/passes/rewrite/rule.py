@@ -31,7 +31,8 @@ RULESETS: dict[str, tuple[int, str]] = {
     "layout": (0, "compose and cancel permute/reshape/slice/cat, move views past ops"),
     "algebra": (0, "strength reduction, scales through matmuls, matmul identities"),
     "ac": (1, "commutativity, associativity, distributivity: explores orders, grows fast"),
-    "merge": (2, "merge parallel matmuls and convolutions that share an input"),
+    "merge": (2, "merge parallel matmuls and linear layers that share an input"),
+    "merge-conv": (2, "merge parallel convolutions that share an input (IOS); not default"),
 }
 
 

@@ -67,7 +67,7 @@ def _merge_conv(name: str, has_bias: bool):
     def build(b, x):
         return [_conv_example(b, x, has_bias, 4), _conv_example(b, x, has_bias, 2)]
 
-    @rule(name, (conv("w1", "b1", "c1"), conv("w2", "b2", "c2")), "merge",
+    @rule(name, (conv("w1", "b1", "c1"), conv("w2", "b2", "c2")), "merge-conv",
           [example(build, (1, 3, 6, 6))],
           "conv(x, W1), conv(x, W2) = split(conv(x, [W1; W2])) along channels (IOS's merge)")
     def rhs(b, m):
