@@ -12,14 +12,21 @@ from __future__ import annotations
 __version__ = "0.1.0"
 
 
-def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None):
-    """Compile `model` for inference on inputs shaped like `example_inputs`.
+def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
+            loss_every=1):
+    """Compile `model` for inference on inputs shaped like `example_inputs`, or, with
+    `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
+    calling the result runs forward and backward as one graph; `loss.backward()` then
+    delivers the gradients. `loss_every`: compute the loss value on every N-th call only
+    (1, the default: every call; None: never); other calls return NaN as the loss, and
+    skip the work only the loss needed (loss elimination).
     `rewrite`: None (default engine, or $OPWEAVE_REWRITE), False, "eqsat", "greedy",
     "backtrack", "off", or `opweave.passes.rewrite.pipeline.RewriteOptions`.
     `fusion`: None (default "ilp", or $OPWEAVE_FUSION), "ilp", "greedy", "off" or False."""
     from .frontends.torch_export import compile as _compile
 
-    return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion)
+    return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
+                    train=train, loss_every=loss_every)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):

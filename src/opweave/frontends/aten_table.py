@@ -40,7 +40,7 @@ def _getitem(ctx, source, index):
     produced = ctx.values.get(source)
     if not isinstance(produced, (list, tuple)):
         raise Unsupported("getitem of a value that is not a tuple")
-    if produced[index] is None:
+    if produced[index] is None and ctx.node.users:
         raise Unsupported(f"output {index} of {source.name} has no IR lowering")
     return produced[index]
 
@@ -326,6 +326,29 @@ lowers(aten.mean.dim)(_reduce("mean"))
 lowers(aten.amax.default)(_reduce("amax"))
 lowers(aten.amin.default)(_reduce("amin"))
 lowers(aten.any.dim, aten.any.dims)(_reduce("any"))
+
+
+@lowers(aten.var_mean.correction)
+def _var_mean(ctx, x, dims=None, *, correction=None, keepdim=False):
+    """(variance, mean) as two passes: mean, then the mean square of the deviation,
+    rescaled by n / (n - correction); the partitioner fuses them with their users."""
+    v = ctx.value(x)
+    if not v.type.dtype.is_floating_point:
+        raise Unsupported("var_mean of a non-float tensor")
+    axes = _dims(dims, v.type.rank)
+    count = 1
+    for axis in axes:
+        count *= v.type.shape[axis]
+    correction = 1 if correction is None else correction
+    if count - correction <= 0:
+        raise Unsupported("var_mean with no degrees of freedom")
+    mean_kept = ctx.add1("mean", [v], {"dims": axes, "keepdim": True})
+    deviation = ctx.add1("sub", [v, mean_kept])
+    square = ctx.add1("mul", [deviation, deviation])
+    var = ctx.add1("sum", [square], {"dims": axes, "keepdim": keepdim})
+    var = ctx.add1("div", [var, ctx.scalar(float(count - correction), like=var)])
+    mean = mean_kept if keepdim else reshape(ctx, mean_kept, _shape(var))
+    return [var, mean]
 
 
 @lowers(aten.sum.default, aten.mean.default, aten.any.default)

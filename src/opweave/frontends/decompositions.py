@@ -20,6 +20,11 @@ aten = torch.ops.aten
 def decomposition_table() -> dict:
     from torch._decomp import core_aten_decompositions
 
+    from torch._decomp import get_decompositions
+
     table = dict(core_aten_decompositions())
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
+    # Training-mode batch norm: batch statistics and running-stat updates as primitives
+    # (mean, var, mul, add), which the partitioner fuses with their neighbours.
+    table.update(get_decompositions([aten._native_batch_norm_legit_functional.default]))
     return table

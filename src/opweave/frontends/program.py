@@ -158,9 +158,10 @@ class CompiledProgram:
                 continue
             if node.target is operator.getitem:
                 source = node.args[0]
+                # An unused getitem of an output that is not computed (None) is harmless.
                 ok = source in supported and trial.get(source) is not None \
                     and isinstance(trial[source], (list, tuple)) \
-                    and trial[source][node.args[1]] is not None
+                    and (trial[source][node.args[1]] is not None or not node.users)
                 if ok:
                     supported.add(node)
                 else:

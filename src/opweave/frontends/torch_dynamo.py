@@ -38,12 +38,13 @@ compiled_graphs: list[CompiledProgram] = []
 
 def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """The Dynamo backend: `backend(graph_module, example_inputs) -> callable`.
-    Options (`torch.compile(..., options={...})`): `rewrite` (see `opweave.compile`)."""
+    Options (`torch.compile(..., options={...})`): `rewrite` and `fusion` (see
+    `opweave.compile`)."""
     from torch._dynamo.backends.common import aot_autograd
 
-    unknown = set(options) - {"rewrite"}
+    unknown = set(options) - {"rewrite", "fusion"}
     if unknown:
-        raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; known: rewrite")
+        raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; known: rewrite, fusion")
     compiler = functools.partial(_compile_aten_graph, rewrite=options.get("rewrite"),
                                  fusion=options.get("fusion"))
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,

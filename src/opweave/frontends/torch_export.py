@@ -74,10 +74,17 @@ def _capture_make_fx(model, example_inputs):
 
 
 def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-            name: str | None = None, rewrite=None, fusion=None) -> CompiledModel:
+            name: str | None = None, rewrite=None, fusion=None, train: bool = False,
+            loss_every: int | None = 1):
     """Compile `model` for inference on inputs shaped like `example_inputs`. `rewrite`:
-    None (the default engine, or OPWEAVE_REWRITE), False, an engine name or options."""
+    None (the default engine, or OPWEAVE_REWRITE), False, an engine name or options.
+    With `train=True`, `model(*inputs)` must return a scalar loss; see `training`."""
     name = name or type(model).__name__
+    if train:
+        from .training import TrainingModel
+
+        return TrainingModel(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
+                             loss_every=loss_every)
     errors = []
     for capture, fn in (("export", _capture_export), ("make_fx", _capture_make_fx)):
         try:

@@ -1,0 +1,182 @@
+"""`opweave.compile(model, inputs, train=True)`: a training step as one joint graph.
+
+AOTAutograd traces the model's loss and its gradients together (the backward seeded with
+1, since d loss / d loss is known before anything runs). opweave compiles that joint
+graph like any other, so forward and backward fuse and free memory as one program. A
+call runs the whole graph and returns the loss attached to autograd: `loss.backward()`
+hands the precomputed gradients to the parameters, scaled by the incoming gradient, so
+the usual `loss.backward(); optimizer.step()` loop is unchanged.
+
+Loss elimination (EVT): the gradients do not need the loss value. With `loss_every=N`,
+only every N-th call computes it; the other calls run a second compilation of the joint
+graph without the loss output, whose loss-only nodes are dead and removed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+from .decompositions import decomposition_table
+from .program import CompiledProgram
+
+
+class _LossAsTuple(torch.nn.Module):
+    """AOTAutograd's joint export wants tuple outputs; the model returns a bare loss."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        loss = self.model(*inputs)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+            raise TypeError("opweave.compile(train=True) needs a model that returns a scalar "
+                            f"loss tensor; {type(self.model).__name__} returned "
+                            f"{_describe(loss)}")
+        return (loss,)
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    return type(value).__name__
+
+
+@dataclass
+class JointGraph:
+    """The traced training step: placeholders are parameters, buffers, then user inputs;
+    outputs are mutated buffers, the loss, then gradients."""
+
+    gm: fx.GraphModule
+    params: list[str]  # names in the model, in placeholder order
+    buffers: list[str]
+    mutated_buffers: list[str]  # in output order
+    grads: list[str | None]  # per parameter output: the parameter's name (None: no grad)
+    loss_index: int  # position of the loss among the outputs
+
+
+_PREFIX = "model."
+
+
+def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> JointGraph:
+    from torch._functorch.aot_autograd import aot_export_module
+
+    gm, sig = aot_export_module(_LossAsTuple(model), tuple(example_inputs), trace_joint=True,
+                                output_loss_index=0, decompositions=decomposition_table())
+    strip = lambda name: name[len(_PREFIX):] if name.startswith(_PREFIX) else name  # noqa: E731
+    outputs = [a.name for a in _output_node(gm).args[0]]
+    grads_by_output = sig.backward_signature.gradients_to_parameters
+    # Not backward_signature.loss_output: with buffer mutations it names the first output.
+    (loss_name,) = sig.user_outputs
+    return JointGraph(
+        gm=gm,
+        params=[strip(n) for n in sig.parameters],
+        buffers=[strip(n) for n in sig.buffers],
+        mutated_buffers=[strip(sig.buffers_to_mutate[o]) for o in outputs
+                         if o in sig.buffers_to_mutate],
+        grads=[strip(grads_by_output[o]) for o in outputs if o in grads_by_output],
+        loss_index=outputs.index(loss_name),
+    )
+
+
+def _output_node(gm: fx.GraphModule) -> fx.Node:
+    return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+
+
+def eliminate_loss(gm: fx.GraphModule, loss_index: int) -> fx.GraphModule:
+    """The joint graph without its loss output, and without every node that only the
+    loss needed (EVT's loss elimination). The output keeps its arity: the loss position
+    holds None."""
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        env[node] = graph.node_copy(node, lambda n: env[n])
+    out = _output_node(gm)
+    values = list(env[out].args[0])
+    values[loss_index] = None
+    env[out].args = (tuple(values),)
+    graph.eliminate_dead_code()
+    return fx.GraphModule(gm, graph)
+
+
+class _PrecomputedGradients(torch.autograd.Function):
+    """Returns the loss; its backward returns gradients computed in the same call.
+    The joint graph was seeded with d loss = 1, and gradients are linear in the seed,
+    so any other incoming gradient just scales them."""
+
+    @staticmethod
+    def forward(ctx, loss, grads, *params):
+        ctx.grads = grads
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        grads, ctx.grads = ctx.grads, None
+        if grads is None:
+            raise RuntimeError("opweave: backward through a compiled training step ran twice; "
+                               "each call's gradients can be used once")
+        scale = None if bool(grad_loss == 1) else grad_loss
+        return (None, None, *[g if g is None or scale is None else g * scale for g in grads])
+
+
+class TrainingModel:
+    """A model compiled for training; `model(*inputs)` returns the loss (see module doc)."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs, *, name: str, rewrite=None,
+                 fusion=None, loss_every: int | None = 1):
+        if loss_every is not None and (not isinstance(loss_every, int) or loss_every < 1):
+            raise ValueError(f"loss_every must be a positive int or None, not {loss_every!r}")
+        self.model = model
+        self.name = name
+        self.loss_every = loss_every
+        self.joint = capture_joint(model, example_inputs)
+        self._options = dict(rewrite=rewrite, fusion=fusion)
+        self._programs: dict[bool, CompiledProgram] = {}
+        self.calls = 0
+        named_params = dict(model.named_parameters())
+        named_buffers = dict(model.named_buffers())
+        self._params = [named_params[n] for n in self.joint.params]
+        self._buffers = [named_buffers[n] for n in self.joint.buffers]
+        self._mutated = [named_buffers[n] for n in self.joint.mutated_buffers]
+        self._grad_params = [named_params[n] for n in self.joint.grads]
+
+    def program(self, with_loss: bool) -> CompiledProgram:
+        """The compiled joint graph, with or without the loss (compiled on first use)."""
+        if with_loss not in self._programs:
+            gm = self.joint.gm if with_loss else eliminate_loss(self.joint.gm, self.joint.loss_index)
+            suffix = "" if with_loss else "_noloss"
+            program = CompiledProgram(gm, name=f"{self.name}_train{suffix}", **self._options)
+            program.warn_fallbacks()
+            self._programs[with_loss] = program
+        return self._programs[with_loss]
+
+    def wants_loss(self) -> bool:
+        """Whether the next call computes the loss value."""
+        return self.loss_every is not None and self.calls % self.loss_every == 0
+
+    def __call__(self, *inputs):
+        with_loss = self.wants_loss()
+        self.calls += 1
+        program = self.program(with_loss)
+        with torch.no_grad():
+            outputs = program(*[p.detach() for p in self._params], *self._buffers, *inputs)
+            for buffer, value in zip(self._mutated, outputs):
+                buffer.copy_(value)
+        start = len(self._mutated)
+        index = self.joint.loss_index
+        loss = outputs[index] if with_loss else torch.tensor(math.nan)
+        grads = list(outputs[index + 1:]) if index == start else None
+        if grads is None:
+            raise AssertionError("joint graph outputs are not buffers, loss, gradients")
+        params = self._grad_params
+        if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
+            return loss
+        return _PrecomputedGradients.apply(loss, grads, *params)
+
+    @property
+    def graphs(self):
+        return [g for p in self._programs.values() for g in p.graphs]
