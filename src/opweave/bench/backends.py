@@ -305,7 +305,26 @@ def _train_inductor(bench, threads):
     return _train(bench, lambda m: torch.compile(m))
 
 
-def _train_opweave(bench, threads):
+def _train_opweave(bench, threads, loss_every=1):
+    """The joint forward+backward graph through `opweave.compile(train=True)`."""
+    from ..frontends.torch_export import compile as opweave_compile
+
+    def compile_(module):
+        return opweave_compile(module, (*bench.inputs, bench.targets), name=bench.name,
+                               train=True, loss_every=loss_every)
+
+    prepared = _train(bench, compile_)
+    if loss_every != 1:
+        prepared.note = f"loss computed on every {loss_every}th step only"
+    return prepared
+
+
+def _train_opweave_noloss(bench, threads):
+    return _train_opweave(bench, threads, loss_every=1000)
+
+
+def _train_opweave_dynamo(bench, threads):
+    """torch.compile(backend="opweave"): AOTAutograd's separate forward and backward graphs."""
     torch._dynamo.reset()
     return _train(bench, lambda m: torch.compile(m, backend="opweave"))
 
@@ -324,6 +343,11 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "onnxruntime": {INFER: _infer_onnxruntime, TRAIN: _inference_only("ONNX Runtime")},
     "tvm": {INFER: _infer_tvm, TRAIN: _inference_only("TVM")},
     "opweave": {INFER: _infer_opweave, TRAIN: _train_opweave},
+    # training: loss elimination, and the torch.compile path with split graphs
+    "opweave-noloss": {INFER: _inference_only("the loss-elimination comparison"),
+                       TRAIN: _train_opweave_noloss},
+    "opweave-dynamo": {INFER: _inference_only("the torch.compile comparison (training)"),
+                       TRAIN: _train_opweave_dynamo},
     # the rewrite pass's contribution: opweave with it turned off
     "opweave-norewrite": {INFER: _infer_opweave_norewrite,
                           TRAIN: _inference_only("the rewrite comparison")},

@@ -129,9 +129,10 @@ class CompiledProgram:
         for node in graph.nodes:
             if node.op == "get_attr":
                 self.constants[node] = _fetch_attr(gm, node.target)
+        _fold_sparse_views(graph, self.constants)
         self.coverage = Coverage()
         supported, reasons = self._classify(graph)
-        order = _cluster_order(graph, supported)
+        order = _cluster_order(graph, supported, self.constants)
         self.steps: list[_Segment | fx.Node] = []
         for node in order:
             if node in supported:
@@ -154,7 +155,7 @@ class CompiledProgram:
         reasons: dict[fx.Node, str] = {}
         trial: dict[fx.Node, Any] = {}
         for node in graph.nodes:
-            if not _is_compute(node):
+            if not _is_compute(node) or node in self.constants:
                 continue
             if node.target is operator.getitem:
                 source = node.args[0]
@@ -290,10 +291,28 @@ def _fetch_attr(gm: torch.nn.Module, target: str):
     return obj
 
 
-def _cluster_order(graph: fx.Graph, supported: set[fx.Node]) -> list[fx.Node]:
+_SPARSE_VIEWS = {torch.ops.aten.permute.default, torch.ops.aten.t.default,
+                 torch.ops.aten.transpose.int}
+
+
+def _fold_sparse_views(graph: fx.Graph, constants: dict[fx.Node, Any]) -> None:
+    """Transposes of constant sparse tensors (the backward of a sparse matmul reads its
+    adjacency transposed) become constants themselves: the IR takes sparse operands
+    only as constants."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _SPARSE_VIEWS:
+            continue
+        source = node.args[0]
+        value = constants.get(source)
+        if isinstance(value, torch.Tensor) and value.layout == torch.sparse_coo:
+            constants[node] = node.target(value, *node.args[1:]).coalesce()
+
+
+def _cluster_order(graph: fx.Graph, supported: set[fx.Node],
+                   constants: dict[fx.Node, Any]) -> list[fx.Node]:
     """A topological order of the compute nodes that keeps supported nodes together:
     while any supported node is ready, take it; otherwise take an unsupported one."""
-    compute = [n for n in graph.nodes if _is_compute(n)]
+    compute = [n for n in graph.nodes if _is_compute(n) and n not in constants]
     index = {n: i for i, n in enumerate(compute)}
     pending = {n: sum(1 for d in n.all_input_nodes if d in index) for n in compute}
     ready_ok: list[int] = []

@@ -14,6 +14,7 @@ graph without the loss output, whose loss-only nodes are dead and removed.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -21,7 +22,11 @@ import torch
 import torch.fx as fx
 
 from .decompositions import decomposition_table
-from .program import CompiledProgram
+from .program import CompiledProgram, OpweaveFallbackWarning
+
+
+class LossNotScalar(TypeError):
+    """The model given to `opweave.compile(train=True)` does not return a scalar loss."""
 
 
 class _LossAsTuple(torch.nn.Module):
@@ -34,7 +39,7 @@ class _LossAsTuple(torch.nn.Module):
     def forward(self, *inputs):
         loss = self.model(*inputs)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise TypeError("opweave.compile(train=True) needs a model that returns a scalar "
+            raise LossNotScalar("opweave.compile(train=True) needs a model that returns a scalar "
                             f"loss tensor; {type(self.model).__name__} returned "
                             f"{_describe(loss)}")
         return (loss,)
@@ -87,18 +92,37 @@ def _output_node(gm: fx.GraphModule) -> fx.Node:
     return next(n for n in reversed(gm.graph.nodes) if n.op == "output")
 
 
+_SHAPE_ONLY = {torch.ops.aten.full_like.default: None, torch.ops.aten.ones_like.default: 1,
+               torch.ops.aten.zeros_like.default: 0}
+
+
 def eliminate_loss(gm: fx.GraphModule, loss_index: int) -> fx.GraphModule:
     """The joint graph without its loss output, and without every node that only the
-    loss needed (EVT's loss elimination). The output keeps its arity: the loss position
-    holds None."""
+    loss needed (EVT's loss elimination). AOTAutograd seeds the backward with
+    `full_like(loss, 1)`, which reads the loss only for its shape; the seed becomes a
+    constant, so nothing keeps the loss alive. The output keeps its arity: the loss
+    position holds None."""
     graph = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node in gm.graph.nodes:
         env[node] = graph.node_copy(node, lambda n: env[n])
     out = _output_node(gm)
     values = list(env[out].args[0])
-    values[loss_index] = None
+    loss, values[loss_index] = values[loss_index], None
     env[out].args = (tuple(values),)
+    example = loss.meta.get("val")
+    for user in list(loss.users):
+        if user.target not in _SHAPE_ONLY or example is None:
+            continue
+        fill = _SHAPE_ONLY[user.target]
+        fill = user.args[1] if fill is None else fill
+        with graph.inserting_before(user):
+            seed = graph.call_function(torch.ops.aten.full.default, (list(example.shape), fill),
+                                       {"dtype": user.kwargs.get("dtype") or example.dtype,
+                                        "device": example.device, "pin_memory": False})
+        seed.meta = dict(user.meta)
+        user.replace_all_uses_with(seed)
+        graph.erase_node(user)
     graph.eliminate_dead_code()
     return fx.GraphModule(gm, graph)
 
@@ -133,10 +157,20 @@ class TrainingModel:
         self.model = model
         self.name = name
         self.loss_every = loss_every
-        self.joint = capture_joint(model, example_inputs)
         self._options = dict(rewrite=rewrite, fusion=fusion)
         self._programs: dict[bool, CompiledProgram] = {}
         self.calls = 0
+        try:
+            self.joint = capture_joint(model, example_inputs)
+        except LossNotScalar:  # the model's own contract is the user's to fix
+            raise
+        except Exception as err:  # capture failures are reported, never fatal
+            self.joint = None
+            warnings.warn(f"opweave could not capture the training step of {name}; it runs "
+                          f"in eager PyTorch ({type(err).__name__}: "
+                          f"{str(err).splitlines()[0][:200]})", OpweaveFallbackWarning,
+                          stacklevel=3)
+            return
         named_params = dict(model.named_parameters())
         named_buffers = dict(model.named_buffers())
         self._params = [named_params[n] for n in self.joint.params]
@@ -149,7 +183,13 @@ class TrainingModel:
         if with_loss not in self._programs:
             gm = self.joint.gm if with_loss else eliminate_loss(self.joint.gm, self.joint.loss_index)
             suffix = "" if with_loss else "_noloss"
-            program = CompiledProgram(gm, name=f"{self.name}_train{suffix}", **self._options)
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            buffer_nodes = placeholders[len(self._params):len(self._params) + len(self._buffers)]
+            # Sparse buffers (GCN's adjacency) are bound as constants, as in inference:
+            # the IR takes sparse operands only as constants.
+            constants = {node: b for node, b in zip(buffer_nodes, self._buffers) if b.is_sparse}
+            program = CompiledProgram(gm, constants, name=f"{self.name}_train{suffix}",
+                                      **self._options)
             program.warn_fallbacks()
             self._programs[with_loss] = program
         return self._programs[with_loss]
@@ -159,11 +199,14 @@ class TrainingModel:
         return self.loss_every is not None and self.calls % self.loss_every == 0
 
     def __call__(self, *inputs):
+        if self.joint is None:
+            return self.model(*inputs)
         with_loss = self.wants_loss()
         self.calls += 1
         program = self.program(with_loss)
         with torch.no_grad():
-            outputs = program(*[p.detach() for p in self._params], *self._buffers, *inputs)
+            buffers = [b for b in self._buffers if not b.is_sparse]
+            outputs = program(*[p.detach() for p in self._params], *buffers, *inputs)
             for buffer, value in zip(self._mutated, outputs):
                 buffer.copy_(value)
         start = len(self._mutated)

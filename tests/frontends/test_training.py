@@ -1,0 +1,211 @@
+"""Training through opweave: the joint graph (`opweave.compile(train=True)`) and the
+torch.compile backend, against eager over several SGD steps; loss elimination."""
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from collections import Counter
+
+import pytest
+import torch
+
+import opweave
+from opweave.frontends import torch_dynamo
+from opweave.frontends.program import OpweaveFallbackWarning
+from opweave.frontends.training import capture_joint, eliminate_loss
+from opweave.models.base import disable_dropout
+
+from ..conftest import MODEL_NAMES, small_model
+
+ATOL = 1e-4
+
+
+def _pair(name):
+    """Two identical train-mode copies of a small model's loss module (the cached model
+    itself is left untouched)."""
+    bench = small_model(name)
+    reference = disable_dropout(copy.deepcopy(bench.loss_module)).train()
+    return bench, reference, copy.deepcopy(reference)
+
+
+def _sgd_step(fn, module, optimizer, args):
+    optimizer.zero_grad(set_to_none=True)
+    loss = fn(*args)
+    loss.backward()
+    optimizer.step()
+    return loss.detach()
+
+
+def _assert_same_state(got: torch.nn.Module, expected: torch.nn.Module):
+    for (name, e), g in zip(expected.named_parameters(), got.parameters()):
+        torch.testing.assert_close(g, e, atol=ATOL, rtol=1e-4, msg=lambda m: f"{name}: {m}")
+    for (name, e), g in zip(expected.named_buffers(), got.buffers()):
+        if e.is_floating_point() and not e.is_sparse:
+            torch.testing.assert_close(g, e, atol=ATOL, rtol=1e-3, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("path", ["joint", "dynamo"])
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_three_sgd_steps_match_eager(name, path):
+    """Batch norm runs in train mode (batch statistics, running-stat updates)."""
+    bench, reference, module = _pair(name)
+    args = (*bench.inputs, bench.targets)
+    before = len(torch_dynamo.compiled_graphs)
+    if path == "joint":
+        step = opweave.compile(module, args, train=True)
+    else:
+        step = torch.compile(module, backend="opweave")
+    opt_ref = torch.optim.SGD(reference.parameters(), lr=0.1)
+    opt = torch.optim.SGD(module.parameters(), lr=0.1)
+    for _ in range(3):
+        expected = _sgd_step(reference, reference, opt_ref, args)
+        got = _sgd_step(step, module, opt, args)
+        torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-4)
+        _assert_same_state(module, reference)
+    programs = (list(step._programs.values()) if path == "joint"
+                else torch_dynamo.compiled_graphs[before:])
+    assert programs
+    fallbacks = [dict(p.coverage.fallback) for p in programs if p.coverage.fallback]
+    assert not fallbacks, f"training graphs fell back to eager: {fallbacks}"
+
+
+class _TinyClassifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x, target):
+        logits = self.fc2(torch.nn.functional.gelu(self.fc1(x)))
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+def _tiny():
+    torch.manual_seed(1)
+    return _TinyClassifier(), (torch.randn(6, 8), torch.randint(0, 4, (6,)))
+
+
+def _op_counts(gm):
+    return Counter(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+
+
+def test_loss_elimination_removes_what_only_the_loss_needs():
+    """Cross-entropy's gradient is softmax - onehot: the log-probabilities' gather, sum
+    and mean exist only for the loss value."""
+    module, args = _tiny()
+    joint = capture_joint(module, args)
+    pruned = eliminate_loss(joint.gm, joint.loss_index)
+    before, after = _op_counts(joint.gm), _op_counts(pruned)
+    assert before["aten.gather.default"] == 1 and after["aten.gather.default"] == 0
+    assert sum(after.values()) < sum(before.values())
+    flat = [*[p.detach() for p in module.parameters()], *args]
+    full, without = joint.gm(*flat), pruned(*flat)
+    assert without[joint.loss_index] is None
+    for g, e in zip(without[joint.loss_index + 1:], full[joint.loss_index + 1:]):
+        torch.testing.assert_close(g, e)
+
+
+def test_loss_elimination_on_multilabel_loss():
+    """XML-CNN's BCE-with-logits: log1p(exp(-|x|)) is needed by the loss only."""
+    bench, module, _ = _pair("xmlcnn")
+    joint = capture_joint(module, (*bench.inputs, bench.targets))
+    assert _op_counts(joint.gm)["aten.log1p.default"] == 1
+    assert _op_counts(eliminate_loss(joint.gm, joint.loss_index))["aten.log1p.default"] == 0
+
+
+def test_loss_every_computes_the_loss_on_asked_steps_only():
+    reference, args = _tiny()
+    module = copy.deepcopy(reference)
+    step = opweave.compile(module, args, train=True, loss_every=2)
+    for i in range(4):
+        assert step.wants_loss() == (i % 2 == 0)
+        for m in (reference, module):
+            m.zero_grad(set_to_none=True)
+        expected = reference(*args)
+        expected.backward()
+        got = step(*args)
+        got.backward()
+        if i % 2 == 0:
+            torch.testing.assert_close(got, expected)
+        else:
+            assert math.isnan(got.item())
+        for p, q in zip(module.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert set(step._programs) == {True, False}
+
+
+def test_loss_every_none_never_computes_the_loss():
+    module, args = _tiny()
+    step = opweave.compile(module, args, train=True, loss_every=None)
+    assert math.isnan(step(*args).item())
+    assert set(step._programs) == {False}
+
+
+def test_incoming_gradient_scales_the_precomputed_gradients():
+    reference, args = _tiny()
+    module = copy.deepcopy(reference)
+    (reference(*args) * 3).backward()
+    (opweave.compile(module, args, train=True)(*args) * 3).backward()
+    for p, q in zip(module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_second_backward_through_one_call_is_refused():
+    module, args = _tiny()
+    loss = opweave.compile(module, args, train=True)(*args)
+    loss.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="ran twice"):
+        loss.backward()
+
+
+def test_no_grad_call_returns_the_loss_without_gradients():
+    reference, args = _tiny()
+    module = copy.deepcopy(reference)
+    step = opweave.compile(module, args, train=True)
+    with torch.no_grad():
+        loss = step(*args)
+    torch.testing.assert_close(loss, reference(*args).detach())
+    assert all(p.grad is None for p in module.parameters())
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2"])
+def test_loss_every_is_validated(bad):
+    module, args = _tiny()
+    with pytest.raises(ValueError, match="loss_every"):
+        opweave.compile(module, args, train=True, loss_every=bad)
+
+
+def test_model_must_return_a_scalar_loss():
+    module = torch.nn.Linear(4, 2)
+    with pytest.raises(TypeError, match=r"scalar loss.*shape \(3, 2\)"):
+        opweave.compile(module, (torch.randn(3, 4),), train=True)
+
+
+class _DataDependent(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 1)
+
+    def forward(self, x):
+        y = self.fc(x).sum()
+        if y.item() > 0:  # data-dependent control flow: no single graph captures it
+            return y * 2
+        return y
+
+
+def test_uncapturable_model_trains_in_eager_with_one_warning():
+    reference = _DataDependent()
+    module = copy.deepcopy(reference)
+    x = torch.randn(3, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = opweave.compile(module, (x,), train=True)
+        loss = step(x)
+        step(x)
+    messages = [str(w.message) for w in caught if issubclass(w.category, OpweaveFallbackWarning)]
+    assert len(messages) == 1 and "eager" in messages[0]
+    loss.backward()
+    reference(x).backward()
+    torch.testing.assert_close(module.fc.weight.grad, reference.fc.weight.grad)
