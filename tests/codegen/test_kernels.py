@@ -103,6 +103,38 @@ def test_layer_norm_with_residual_prologue_and_epilogue():
     _check(g, torch.randn(2, 7, 96) * 3 + 1, torch.randn(2, 7, 96), expect={"cpp": 1})
 
 
+def test_softmax_backward_is_one_row_sum_kernel():
+    """The decomposed softmax backward: g*y, its row sum, then y*(g - sum): prologue,
+    reduction and epilogue in one kernel."""
+    g = Graph("softmax_bwd")
+    grad = g.add_input("grad", TensorType((2, 4, 33), F32))
+    y = g.add_input("y", TensorType((2, 4, 33), F32))
+    gy = g.add1("mul", [grad, y])
+    total = g.add1("sum", [gy], {"dims": [-1], "keepdim": True})
+    g.outputs = [g.add1("sub", [gy, g.add1("mul", [y, total])])]
+    _check(g, torch.randn(2, 4, 33), torch.rand(2, 4, 33), expect={"cpp": 1})
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_row_sum_that_escapes_with_its_prologue(op):
+    """A per-row statistic read elsewhere: stored once per row, next to the prologue."""
+    g = Graph(f"row_{op}")
+    x = g.add_input("x", TensorType((70, 48), F32))
+    w = g.add_input("w", TensorType((48,), F32))
+    h = g.add1("mul", [x, w])
+    stat = g.add1(op, [h], {"dims": [1], "keepdim": True})
+    g.outputs = [stat, h]
+    _check(g, torch.randn(70, 48), torch.randn(48), rtol=1e-4, atol=1e-5, expect={"cpp": 1})
+
+
+def test_sums_over_other_axes_stay_in_torch():
+    g = Graph("col_sum")
+    x = g.add_input("x", TensorType((16, 8), F32))
+    e = g.add1("exp", [x])
+    g.outputs = [g.add1("sum", [e], {"dims": [0], "keepdim": True})]
+    _check(g, torch.randn(16, 8), expect={"op": 2})
+
+
 def test_large_kernel_runs_on_threads_and_matches():
     g = Graph("big")
     x = g.add_input("x", TensorType((256, 1024), F32))

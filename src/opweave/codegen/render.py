@@ -1,4 +1,5 @@
 """Render one fused group of one-to-one ops (and at most one row reduction) as C++.
+A row reduction is softmax, log-softmax, layer norm, or a sum or mean along the last axis.
 
 The kernel walks the group's iteration space as rows (all axes but the last) by columns
 (the last axis). Rows are split across OpenMP threads; the column loop carries
@@ -19,6 +20,7 @@ import torch
 
 from ..ir import Graph
 from ..ir.graph import Node, Value
+from ..partition.classify import ROW_REDUCE_OPS, ROW_SUM_OPS, iteration_shape
 
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
 
@@ -39,7 +41,7 @@ class _Emitter:
         self.graph = graph
         self.members = members
         self.inside = set(members)
-        self.shape = members[-1].outputs[0].type.shape
+        self.shape = iteration_shape(members[0])  # legality: one space for all members
         self.cols = self.shape[-1] if self.shape else 1
         self.rows = math.prod(self.shape[:-1]) if self.shape else 1
         self.inputs: list[Value] = []
@@ -147,7 +149,7 @@ def _ctype(v: Value) -> str:
 def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     """C++ for `members` (in graph order); `escapes(value)` says which values it writes."""
     em = _Emitter(graph, members, escapes)
-    reduce = next((n for n in members if n.op in ("softmax", "log_softmax", "layer_norm")), None)
+    reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
     lines = []
     for i, v in enumerate(em.outputs):
         lines.append(f"  float* __restrict a{i} = (float*)args[{i}];")
@@ -161,6 +163,8 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
         lines.append(f"  for (int64_t r = 0; r < {em.rows}; ++r) {{")
         lines += ["    " + ln for ln in body]
         lines.append("  }")
+    elif reduce.op in ROW_SUM_OPS:
+        lines += _row_sum_kernel(em, members, reduce, par)
     else:
         lines += _row_kernel(em, members, reduce, par)
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
@@ -227,6 +231,34 @@ def _row_kernel(em, members, reduce, par) -> list[str]:
         lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
     lines += ["      " + s for s in _stores(em, [reduce] + after, f"r * {c} + j")]
     lines += ["    }", "  }"]
+    return lines
+
+
+def _row_sum_kernel(em, members, reduce, par) -> list[str]:
+    """Prologue and sum in one pass over the row (no buffer); the epilogue, if any, in a
+    second pass that recomputes the prologue values it reads."""
+    c = em.cols
+    before = [n for n in members if n is not reduce and _reaches(n, reduce, set(members))]
+    after = [n for n in members if n is not reduce and n not in before]
+    y = em.names[reduce.outputs[0]]
+    lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
+             "    float acc = 0.0f;", "    #pragma omp simd reduction(+:acc)",
+             f"    for (int64_t j = 0; j < {c}; ++j) {{"]
+    for n in before:
+        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+    lines.append(f"      acc += {em.load(reduce.inputs[0])};")
+    lines += ["      " + s for s in _stores(em, before, f"r * {c} + j")]
+    lines.append("    }")
+    total = f" / {c}.0f" if reduce.op == "mean" else ""
+    lines.append(f"    const float {y} = acc{total};")
+    lines += ["    " + s for s in _stores(em, [reduce], "r")]
+    if after:
+        lines += ["    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
+        for n in before + after:  # prologue values recomputed; unread ones are dead code
+            lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        lines += ["      " + s for s in _stores(em, after, f"r * {c} + j")]
+        lines.append("    }")
+    lines.append("  }")
     return lines
 
 

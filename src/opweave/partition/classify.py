@@ -26,6 +26,9 @@ CPP_POINTWISE = frozenset({
     "sigmoid", "tanh", "erf", "relu", "gelu", "clamp", "maximum", "minimum", "where", "pow",
 })
 ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
+# Plain reductions along the last axis (keeping it, as size 1): the decomposed backward
+# of softmax, log-softmax and layer norm is made of them.
+ROW_SUM_OPS = frozenset({"sum", "mean"})
 MAX_ROW = 16384  # a generated row reduction keeps one row in a stack buffer (64 KiB)
 
 
@@ -81,6 +84,8 @@ def classify(graph: Graph, node: Node) -> tuple[Role, str]:
         return Role.ANCHOR, ""
     if op in ROW_REDUCE_OPS:
         return _row_reduce_role(node)
+    if op in ROW_SUM_OPS:
+        return _row_sum_role(node)
     if node.opdef.mapping is not MappingType.ONE_TO_ONE or node.opdef.is_random:
         return Role.OPAQUE, f"{op} is {node.opdef.mapping.value}"
     if op not in CPP_POINTWISE:
@@ -109,6 +114,23 @@ def _row_reduce_role(node: Node) -> tuple[Role, str]:
     if node.attrs["dim"] % max(x.type.rank, 1) != x.type.rank - 1:
         return Role.OPAQUE, f"{node.op} along a non-last axis"
     return Role.ROW_REDUCE, ""
+
+
+def _row_sum_role(node: Node) -> tuple[Role, str]:
+    x = node.inputs[0]
+    if x.type.dtype != torch.float32 or x.type.rank == 0:
+        return Role.OPAQUE, "row sums are generated for float32 tensors"
+    dims = {d % x.type.rank for d in node.attrs["dims"]} if node.attrs["dims"] else None
+    if dims != {x.type.rank - 1} or not node.attrs["keepdim"]:
+        return Role.OPAQUE, f"{node.op} over other axes than the last (kept)"
+    return Role.ROW_REDUCE, ""
+
+
+def iteration_shape(node: Node) -> tuple[int, ...]:
+    """The shape a kernel containing `node` loops over: a row sum loops over its input."""
+    if node.op in ROW_SUM_OPS:
+        return tuple(node.inputs[0].type.shape)
+    return tuple(node.outputs[0].type.shape)
 
 
 def roles(graph: Graph) -> dict[Node, tuple[Role, str]]:

@@ -5,7 +5,8 @@ Two kinds of fused group:
   applies as post-ops (oneDNN): bias, then one activation, or a residual add (for a
   convolution, a residual add then ReLU), with reshapes passing through;
 - a generated kernel: one-to-one ops over one iteration space, with at most one row
-  reduction (softmax, log-softmax, layer norm) whose prologue and epilogue they form.
+  reduction (softmax, log-softmax, layer norm, or a sum or mean along the last axis)
+  whose prologue and epilogue they form.
 Every refusal returns the reason, for the debug dump.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir.graph import Node
-from .classify import Role
+from .classify import Role, iteration_shape
 from .context import Context
 
 LINEAR_UNARY = frozenset({"relu", "gelu", "tanh", "sigmoid"})
@@ -50,7 +51,7 @@ def monotone_violation(ctx: Context, members) -> str | None:
         return "views join only an anchor's epilogue"
     if roles.count(Role.ROW_REDUCE) > 1:
         return "two row reductions in one kernel"
-    shapes = {n.outputs[0].type.shape for n in members}
+    shapes = {iteration_shape(n) for n in members}
     if len(shapes) > 1:
         return f"different iteration spaces {sorted(shapes)}"
     return None
