@@ -625,7 +625,18 @@ def _index_put(ctx, x, indices, values, accumulate=False):
         vals = ctx.add1("expand", [vals], {"shape": rows})
     vals = reshape(ctx, vals, [count] + _shape(v)[1:])
     flat = reshape(ctx, index, [count])
+    if accumulate and _is_zeros(x):
+        return ctx.add1("index_add_zeros", [flat, vals], {"rows": _shape(v)[0]})
     return ctx.add1("index_put", [v, flat, vals], {"accumulate": accumulate})
+
+
+def _is_zeros(node) -> bool:
+    """Whether an FX value is a fresh tensor of zeros (`full(shape, 0)`, `zeros`)."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return False
+    if node.target in (aten.zeros.default, aten.new_zeros.default):
+        return True
+    return node.target is aten.full.default and node.args[1] == 0
 
 
 @lowers(aten.gather.default)

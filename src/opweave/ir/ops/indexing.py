@@ -83,3 +83,23 @@ def _index_put(x, index, values, accumulate):
 
 define("index_put", 3, MappingType.MANY_TO_MANY, _index_put_shape, lambda ins, a: [ins[0].dtype],
        _index_put, attrs={"accumulate": Attr("bool", False)})
+
+
+def _index_add_zeros_shape(ins, attrs):
+    index, values = ins
+    _check_index(index, "index_add_zeros")
+    if index.rank != 1 or values.rank < 1 or values.shape[0] != index.shape[0]:
+        raise ShapeError(f"index_add_zeros: needs a rank-1 index and one value row per "
+                         f"index, got {index} and {values}")
+    return [(attrs["rows"],) + tuple(values.shape[1:])]
+
+
+def _index_add_zeros(index, values, rows):
+    """Zeros with values[i] added into row index[i]: an embedding's weight gradient,
+    written in place into a fresh buffer (index_put onto zeros would copy the zeros)."""
+    out = torch.zeros((rows,) + tuple(values.shape[1:]), dtype=values.dtype)
+    return out.index_put_((index,), values, accumulate=True)
+
+
+define("index_add_zeros", 2, MappingType.MANY_TO_MANY, _index_add_zeros_shape,
+       lambda ins, a: [ins[1].dtype], _index_add_zeros, attrs={"rows": Attr("int")})
