@@ -127,6 +127,33 @@ def test_row_sum_that_escapes_with_its_prologue(op):
     _check(g, torch.randn(70, 48), torch.randn(48), rtol=1e-4, atol=1e-5, expect={"cpp": 1})
 
 
+@pytest.mark.parametrize("mask_escapes", [False, True])
+def test_relu_backward_compares_and_selects_in_one_kernel(mask_escapes):
+    """where(x <= 0, 0, grad): the bool mask lives in a register. A mask read elsewhere
+    stays a torch op (a kernel storing bytes next to floats does not vectorize)."""
+    g = Graph("relu_bwd")
+    x = g.add_input("x", TensorType((9, 50), F32))
+    grad = g.add_input("grad", TensorType((9, 50), F32))
+    mask = g.add1("le", [x, g.add_constant("zero", torch.tensor(0.0))])
+    zero = g.add_constant("z", torch.tensor(0.0))
+    g.outputs = [g.add1("where", [mask, zero, g.add1("mul", [grad, grad])])]
+    if mask_escapes:
+        g.outputs.append(mask)
+    x = torch.randn(9, 50)
+    x[0, :3] = torch.tensor([0.0, float("nan"), -0.0])
+    _check(g, x, torch.randn(9, 50), expect={"cpp": 1, "op": 1} if mask_escapes else {"cpp": 1})
+
+
+@pytest.mark.parametrize("shape", [(1, 2048, 1, 1), (2, 64, 7, 7), (3, 5)])
+def test_elementwise_kernel_over_any_row_split(shape):
+    """Without broadcasts the flat space is split into long rows, whatever the shape."""
+    g = Graph("flat")
+    x = g.add_input("x", TensorType(shape, F32))
+    y = g.add_input("y", TensorType(shape, F32))
+    g.outputs = [g.add1("relu", [g.add1("add", [x, y])])]
+    _check(g, torch.randn(shape), torch.randn(shape), expect={"cpp": 1})
+
+
 def test_sums_over_other_axes_stay_in_torch():
     g = Graph("col_sum")
     x = g.add_input("x", TensorType((16, 8), F32))

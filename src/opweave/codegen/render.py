@@ -57,6 +57,12 @@ class _Emitter:
                 else:
                     self.inputs.append(v)
         self.names = {v: f"t{i}" for i, v in enumerate(v for n in members for v in n.outputs[:1])}
+        self.elementwise = all(v.type.shape == self.shape for v in self.inputs) and not any(
+            n.op in ROW_REDUCE_OPS | ROW_SUM_OPS for n in members)
+        if self.elementwise:
+            # Nothing is broadcast: one flat loop, split across threads and vectorized
+            # as a whole (NCHW rows of 7 or 56 elements vectorize poorly).
+            self.rows, self.cols = 1, math.prod(self.shape)
 
     def arg(self, v: Value) -> str:
         return f"a{len(self.outputs) + self.inputs.index(v)}"
@@ -69,6 +75,8 @@ class _Emitter:
         return f"{self.arg(v)}[{self.index(v)}]"
 
     def index(self, v: Value) -> str:
+        if self.elementwise:  # every input has the full shape: flat indexing
+            return "j"
         shape = v.type.shape
         full = self.shape
         pad = (1,) * (len(full) - len(shape)) + tuple(shape)
@@ -93,6 +101,11 @@ class _Emitter:
             terms.append("j")
         return " + ".join(terms) or "0"
 
+    def declare(self, node: Node) -> str:
+        """`const T tN = <formula>;` for the node's value (bool for comparisons)."""
+        ctype = "bool" if node.outputs[0].type.dtype == torch.bool else "float"
+        return f"const {ctype} {self.names[node.outputs[0]]} = {self.expr(node)};"
+
     def expr(self, node: Node) -> str:
         ins = [self.load(v) for v in node.inputs]
         return _formula(node, ins)
@@ -112,7 +125,8 @@ def _literal(graph: Graph, v: Value) -> str | None:
 
 def _formula(node: Node, a: list[str]) -> str:
     op = node.op
-    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
+              "ge": ">=", "eq": "==", "ne": "!="}
     if op in binary:
         return f"({a[0]} {binary[op]} {a[1]})"
     simple = {
@@ -157,7 +171,11 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
         lines.append(f"  {_ctype(v)} __restrict {em.arg(v)} = ({_ctype(v)})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
     par = f"num_threads(ow_threads) if({total} >= {PARALLEL_MIN} && {em.rows} > 1)"
-    if reduce is None:
+    if em.elementwise:
+        body = _loop(em, members, "j")
+        body[0] = f"#pragma omp parallel for simd num_threads(ow_threads) if({total} >= {PARALLEL_MIN})"
+        lines += ["  " + ln for ln in body]
+    elif reduce is None:
         body = _loop(em, members, "r * {c} + j".format(c=em.cols))
         lines.append(f"  #pragma omp parallel for {par}")
         lines.append(f"  for (int64_t r = 0; r < {em.rows}; ++r) {{")
@@ -170,7 +188,7 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
     name = f"ow_k_{digest}"
     src = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
-    layout_free = reduce is None and all(v.type.shape == em.shape for v in em.inputs)
+    layout_free = em.elementwise
     return KernelSource(name, src, em.inputs, em.outputs, layout_free)
 
 
@@ -182,7 +200,7 @@ def _stores(em, nodes, at: str) -> list[str]:
 def _loop(em, nodes, at) -> list[str]:
     out = ["#pragma omp simd", f"for (int64_t j = 0; j < {em.cols}; ++j) {{"]
     for n in nodes:
-        out.append(f"  const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        out.append("  " + em.declare(n))
     out += ["  " + s for s in _stores(em, nodes, at)]
     out.append("}")
     return out
@@ -197,7 +215,7 @@ def _row_kernel(em, members, reduce, par) -> list[str]:
     lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
              f"    float buf[{c}];", "    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
     for n in before:
-        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        lines.append("      " + em.declare(n))
     lines.append(f"      buf[j] = {em.load(x)};")
     lines += ["      " + s for s in _stores(em, before, f"r * {c} + j")]
     lines.append("    }")
@@ -225,10 +243,10 @@ def _row_kernel(em, members, reduce, par) -> list[str]:
             value = "buf[j] - lse"
     lines += ["    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
     for n in before:  # recomputed where the epilogue reads them; dead code otherwise
-        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        lines.append("      " + em.declare(n))
     lines.append(f"      const float {y} = {value};")
     for n in after:
-        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        lines.append("      " + em.declare(n))
     lines += ["      " + s for s in _stores(em, [reduce] + after, f"r * {c} + j")]
     lines += ["    }", "  }"]
     return lines
@@ -245,7 +263,7 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
              "    float acc = 0.0f;", "    #pragma omp simd reduction(+:acc)",
              f"    for (int64_t j = 0; j < {c}; ++j) {{"]
     for n in before:
-        lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+        lines.append("      " + em.declare(n))
     lines.append(f"      acc += {em.load(reduce.inputs[0])};")
     lines += ["      " + s for s in _stores(em, before, f"r * {c} + j")]
     lines.append("    }")
@@ -255,7 +273,7 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
     if after:
         lines += ["    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
         for n in before + after:  # prologue values recomputed; unread ones are dead code
-            lines.append(f"      const float {em.names[n.outputs[0]]} = {em.expr(n)};")
+            lines.append("      " + em.declare(n))
         lines += ["      " + s for s in _stores(em, after, f"r * {c} + j")]
         lines.append("    }")
     lines.append("  }")

@@ -390,6 +390,26 @@ def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
     return [out, None, None]
 
 
+@lowers(aten._native_batch_norm_legit_functional.default)
+def _batch_norm_train(ctx, x, weight, bias, running_mean, running_var, training, momentum, eps):
+    if not training:
+        raise Unsupported("functional batch norm outside training")
+    if weight is None or bias is None or running_mean is None or running_var is None:
+        raise Unsupported("training batch norm without affine weights or running statistics")
+    ins = [ctx.value(t) for t in (x, weight, bias, running_mean, running_var)]
+    return ctx.add("batch_norm_train", ins, {"momentum": float(momentum), "eps": float(eps)})
+
+
+@lowers(aten.native_batch_norm_backward.default)
+def _batch_norm_backward(ctx, grad, x, weight, running_mean, running_var, save_mean,
+                         save_invstd, train, eps, output_mask):
+    if not train or weight is None or save_mean is None or save_invstd is None:
+        raise Unsupported("batch norm backward outside training, or without affine weights")
+    ins = [ctx.value(t) for t in (grad, x, weight, save_mean, save_invstd)]
+    outs = ctx.add("batch_norm_backward", ins, {"eps": float(eps)})
+    return [o if wanted else None for o, wanted in zip(outs, output_mask)]
+
+
 @lowers(aten.native_batch_norm.default)
 def _native_batch_norm(ctx, x, weight, bias, mean, var, training, momentum, eps):
     if training:

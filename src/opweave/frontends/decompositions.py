@@ -6,6 +6,10 @@ output is the attention matrix, not the logsumexp the fused backward expects, so
 AOTAutograd the gradients come out wrong (3.2 max abs error on a small ViT; PyTorch's
 comment says inductor must exclude it too). opweave keeps the fused op and lowers it
 itself (see `aten_table`), with the correct logsumexp.
+
+The other composites (layer norm, softmax, log-softmax, GELU, NLL and their backwards)
+are decomposed where that lets the partitioner fuse the parts: the backwards become
+pointwise ops and sums along the last axis, which generated kernels fuse.
 """
 from __future__ import annotations
 
@@ -20,11 +24,10 @@ aten = torch.ops.aten
 def decomposition_table() -> dict:
     from torch._decomp import core_aten_decompositions
 
-    from torch._decomp import get_decompositions
-
     table = dict(core_aten_decompositions())
     table.pop(aten._scaled_dot_product_flash_attention_for_cpu.default, None)
-    # Training-mode batch norm: batch statistics and running-stat updates as primitives
-    # (mean, var, mul, add), which the partitioner fuses with their neighbours.
-    table.update(get_decompositions([aten._native_batch_norm_legit_functional.default]))
+    # Training-mode batch norm stays whole both ways (IR ops batch_norm_train and
+    # batch_norm_backward): its statistics reduce over all axes but the channel, which
+    # no generated kernel fuses, so the primitives would only add passes over memory.
+    table.pop(aten.native_batch_norm_backward.default, None)
     return table

@@ -25,6 +25,8 @@ CPP_POINTWISE = frozenset({
     "add", "sub", "mul", "div", "neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal",
     "sigmoid", "tanh", "erf", "relu", "gelu", "clamp", "maximum", "minimum", "where", "pow",
 })
+# Comparisons of floats, producing bool: relu's backward is where(x <= 0, 0, grad).
+CPP_COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
 ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
 # Plain reductions along the last axis (keeping it, as size 1): the decomposed backward
 # of softmax, log-softmax and layer norm is made of them.
@@ -70,6 +72,8 @@ def classify(graph: Graph, node: Node) -> tuple[Role, str]:
     if node.opdef.is_view:
         return Role.VIEW, "a view moves no data"
     floats = all(v.type.dtype == torch.float32 for v in node.outputs)
+    if op in CPP_COMPARE and all(v.type.dtype == torch.float32 for v in node.inputs):
+        return Role.POINTWISE, ""
     if not floats:
         return Role.OPAQUE, f"{op} produces {node.outputs[0].type.dtype}, kernels are float32"
     if op == "matmul":

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 from ..ir.graph import Node
 from .classify import Role, iteration_shape
 from .context import Context
@@ -72,6 +74,10 @@ def why_illegal(ctx: Context, members: frozenset[Node]) -> str | None:
     for n in members:
         if n.op == "layer_norm" and any(ctx.escapes(v, members) for v in n.outputs[1:]):
             return "layer norm statistics are read elsewhere"
+        if n.outputs[0].type.dtype == torch.bool and ctx.escapes(n.outputs[0], members):
+            # g++ does not vectorize a loop that stores bytes next to floats (measured
+            # 30x slower); a comparison fuses with the select that reads it instead
+            return "a comparison's result is read outside the kernel"
     return None
 
 
