@@ -138,6 +138,61 @@ def batch_norm_case(draw):
                 lambda x, w, b, m, v: F.batch_norm(x, m, v, w, b, training=False, eps=1e-5))
 
 
+def _bn_stats(x):
+    dims = [d for d in range(x.dim()) if d != 1]
+    view = [1, -1] + [1] * (x.dim() - 2)
+    mean = x.mean(dims)
+    var = x.var(dims, unbiased=False)
+    return dims, view, mean, var
+
+
+@st.composite
+def batch_norm_train_case(draw):
+    shape = draw(st.lists(st.integers(2, 3), min_size=2, max_size=4).map(tuple))
+    c = shape[1]
+    dtype = draw(st.sampled_from([torch.float32, torch.float64]))
+    x = tensor(shape, dtype)
+    w, b, rm = tensor((c,), dtype), tensor((c,), dtype), tensor((c,), dtype)
+    rv = tensor((c,), dtype, 0.1, 2.0)
+    momentum, eps = 0.1, 1e-5
+
+    def eager(x, w, b, rm, rv):
+        dims, view, mean, var = _bn_stats(x)
+        invstd = (var + eps).rsqrt()
+        out = (x - mean.reshape(view)) * invstd.reshape(view) * w.reshape(view) + b.reshape(view)
+        n = x.numel() // c
+        return (out, mean, invstd, (1 - momentum) * rm + momentum * mean,
+                (1 - momentum) * rv + momentum * var * n / (n - 1))
+    return Case([x, w, b, rm, rv], {"momentum": momentum, "eps": eps}, eager)
+
+
+@st.composite
+def batch_norm_backward_case(draw):
+    shape = draw(st.lists(st.integers(2, 3), min_size=2, max_size=4).map(tuple))
+    c = shape[1]
+    x, grad, w = tensor(shape, torch.float64), tensor(shape, torch.float64), tensor((c,), torch.float64)
+    eps = 1e-5
+    _, _, mean, var = _bn_stats(x)
+    invstd = (var + eps).rsqrt()
+
+    def eager(grad, x, w, mean, invstd):  # autograd through training-mode batch norm
+        x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+        b = torch.zeros_like(w, requires_grad=True)
+        out = F.batch_norm(x, None, None, w, b, training=True, eps=eps)
+        return torch.autograd.grad(out, (x, w, b), grad)
+    return Case([grad, x, w, mean, invstd], {"eps": eps}, eager)
+
+
+@st.composite
+def index_add_zeros_case(draw):
+    rows = draw(st.integers(1, 5))
+    n = draw(st.integers(0, 6))
+    index = torch.randint(0, rows, (n,))
+    values = tensor((n,) + tuple(draw(st.lists(st.integers(1, 3), max_size=2))), torch.float32)
+    return Case([index, values], {"rows": rows},
+                lambda i, v: torch.zeros((rows,) + tuple(v.shape[1:])).index_add(0, i, v))
+
+
 @st.composite
 def reshape_case(draw):
     shape = draw(shapes)
@@ -447,6 +502,7 @@ CASES = {
     "adaptive_max_pool2d": adaptive_case(), "adaptive_max_pool2d_backward": adaptive_backward_case(),
     "dropout": dropout_case(),
     "index_select": index_select_case(), "gather": gather_case(), "scatter": scatter_case(),
-    "index_put": index_put_case(),
+    "index_put": index_put_case(), "index_add_zeros": index_add_zeros_case(),
+    "batch_norm_train": batch_norm_train_case(), "batch_norm_backward": batch_norm_backward_case(),
     "full": full_case(), "arange": arange_case(), "constant": constant_case(),
 }

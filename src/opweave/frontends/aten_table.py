@@ -387,7 +387,9 @@ def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
     w = _ones_or(ctx, weight, channels, v.type.dtype, 1.0)
     b = _ones_or(ctx, bias, channels, v.type.dtype, 0.0)
     out = ctx.add1("batch_norm", [v, w, b, ctx.value(mean), ctx.value(var)], {"eps": eps})
-    return [out, None, None]
+    # ATen returns empty saved statistics in eval mode; the backward reads the running ones
+    empty = ctx.graph.add_constant("empty_stats", torch.empty(0, dtype=v.type.dtype))
+    return [out, empty, empty]
 
 
 @lowers(aten._native_batch_norm_legit_functional.default)
@@ -403,11 +405,34 @@ def _batch_norm_train(ctx, x, weight, bias, running_mean, running_var, training,
 @lowers(aten.native_batch_norm_backward.default)
 def _batch_norm_backward(ctx, grad, x, weight, running_mean, running_var, save_mean,
                          save_invstd, train, eps, output_mask):
-    if not train or weight is None or save_mean is None or save_invstd is None:
-        raise Unsupported("batch norm backward outside training, or without affine weights")
-    ins = [ctx.value(t) for t in (grad, x, weight, save_mean, save_invstd)]
-    outs = ctx.add("batch_norm_backward", ins, {"eps": float(eps)})
+    if weight is None:
+        raise Unsupported("batch norm backward without affine weights")
+    if train:
+        ins = [ctx.value(t) for t in (grad, x, weight, save_mean, save_invstd)]
+        outs = ctx.add("batch_norm_backward", ins, {"eps": float(eps)})
+    else:
+        outs = _batch_norm_eval_backward(ctx, grad, x, weight, running_mean, running_var, eps)
     return [o if wanted else None for o, wanted in zip(outs, output_mask)]
+
+
+def _batch_norm_eval_backward(ctx, grad, x, weight, running_mean, running_var, eps):
+    """With fixed statistics batch norm is a per-channel affine map: its gradients are
+    pointwise products and sums over all axes but the channel."""
+    g, v = ctx.value(grad), ctx.value(x)
+    per_channel = [1, v.type.shape[1]] + [1] * (v.type.rank - 2)
+    others = [d for d in range(v.type.rank) if d != 1]
+
+    def channel(t):
+        return reshape(ctx, t, per_channel)
+    invstd = ctx.add1("rsqrt", [ctx.add1("add", [ctx.value(running_var),
+                                                 ctx.scalar(float(eps), like=v)])])
+    scale = ctx.add1("mul", [ctx.value(weight), invstd])
+    grad_input = ctx.add1("mul", [g, channel(scale)])
+    centered = ctx.add1("sub", [v, channel(ctx.value(running_mean))])
+    normalized = ctx.add1("mul", [centered, channel(invstd)])
+    grad_weight = ctx.add1("sum", [ctx.add1("mul", [g, normalized])], {"dims": others, "keepdim": False})
+    grad_bias = ctx.add1("sum", [g], {"dims": others, "keepdim": False})
+    return [grad_input, grad_weight, grad_bias]
 
 
 @lowers(aten.native_batch_norm.default)
