@@ -209,3 +209,46 @@ def test_uncapturable_model_trains_in_eager_with_one_warning():
     loss.backward()
     reference(x).backward()
     torch.testing.assert_close(module.fc.weight.grad, reference.fc.weight.grad)
+
+
+class _Composites(torch.nn.Module):
+    """Layer norm, GELU, softmax, batch norm and cross-entropy in one small model."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(2)
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.ln = torch.nn.LayerNorm(16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, target):
+        h = self.bn(self.conv(x)).relu().flatten(2)              # [2, 4, 16]
+        h = torch.nn.functional.gelu(self.fc(self.ln(h)))
+        scores = torch.softmax(h @ h.transpose(1, 2), dim=-1)     # [2, 4, 4]
+        logits = (scores @ h).mean(1)                             # [2, 16]
+        return torch.nn.functional.cross_entropy(logits, target)
+
+
+def test_decomposition_splits_backwards_and_keeps_batch_norm_whole():
+    """Before: AOTAutograd's composite ops. After: the backwards of layer norm, GELU and
+    softmax are primitives, fused into generated kernels (softmax's backward is one
+    kernel with its row sum); training batch norm stays one op each way."""
+    module = _Composites().train()
+    args = (torch.randn(2, 3, 4, 4), torch.tensor([1, 5]))
+    joint = capture_joint(copy.deepcopy(module), args)
+    ops = _op_counts(joint.gm)
+    for composite in ("aten.native_layer_norm_backward.default", "aten.gelu_backward.default",
+                      "aten._softmax_backward_data.default"):
+        assert ops[composite] == 0, composite
+    assert ops["aten.native_batch_norm_backward.default"] == 1
+    step = opweave.compile(copy.deepcopy(module), args, train=True)
+    step(*args)
+    (graph,) = step.graphs
+    counts = graph.op_counts()
+    assert counts["batch_norm_train"] == 1 and counts["batch_norm_backward"] == 1
+    (program,) = step._programs.values()
+    (segment,) = [s for s in program.steps if hasattr(s, "executor")]
+    kernels = [st for st in segment.executor.lowered_steps if st.kind == "cpp"]
+    row_sums = [k for k in kernels if any(n.op == "sum" for n in k.nodes)]
+    assert any(len(k.nodes) >= 3 for k in row_sums), "no row sum fused with its neighbours"
