@@ -252,3 +252,18 @@ def test_decomposition_splits_backwards_and_keeps_batch_norm_whole():
     kernels = [st for st in segment.executor.lowered_steps if st.kind == "cpp"]
     row_sums = [k for k in kernels if any(n.op == "sum" for n in k.nodes)]
     assert any(len(k.nodes) >= 3 for k in row_sums), "no row sum fused with its neighbours"
+
+
+def test_switching_to_eval_runs_eager_with_one_warning():
+    """The graph is captured in train mode; eval mode (other batch-norm and dropout
+    behaviour) must not silently run the train-mode graph."""
+    bench, reference, module = _pair("resnet50")
+    args = (*bench.inputs, bench.targets)
+    step = opweave.compile(module, args, train=True)
+    module.eval(), reference.eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = step(*args)
+        step(*args)
+    assert sum(issubclass(w.category, OpweaveFallbackWarning) for w in caught) == 1
+    torch.testing.assert_close(got, reference(*args), atol=ATOL, rtol=1e-4)

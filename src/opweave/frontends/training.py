@@ -22,7 +22,7 @@ import torch
 import torch.fx as fx
 
 from .decompositions import decomposition_table
-from .program import CompiledProgram, OpweaveFallbackWarning
+from .program import CompiledProgram, OpweaveFallbackWarning, _warn_once
 
 
 class LossNotScalar(TypeError):
@@ -60,7 +60,7 @@ class JointGraph:
     params: list[str]  # names in the model, in placeholder order
     buffers: list[str]
     mutated_buffers: list[str]  # in output order
-    grads: list[str | None]  # per parameter output: the parameter's name (None: no grad)
+    grads: list[str]  # the parameter each gradient output belongs to, in output order
     loss_index: int  # position of the loss among the outputs
 
 
@@ -77,7 +77,7 @@ def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
     grads_by_output = sig.backward_signature.gradients_to_parameters
     # Not backward_signature.loss_output: with buffer mutations it names the first output.
     (loss_name,) = sig.user_outputs
-    return JointGraph(
+    joint = JointGraph(
         gm=gm,
         params=[strip(n) for n in sig.parameters],
         buffers=[strip(n) for n in sig.buffers],
@@ -86,6 +86,11 @@ def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
         grads=[strip(grads_by_output[o]) for o in outputs if o in grads_by_output],
         loss_index=outputs.index(loss_name),
     )
+    if joint.loss_index != len(joint.mutated_buffers) or \
+            len(outputs) != joint.loss_index + 1 + len(joint.grads):
+        raise RuntimeError(f"unexpected joint graph outputs {outputs} (expected mutated "
+                           "buffers, the loss, then gradients)")
+    return joint
 
 
 def _output_node(gm: fx.GraphModule) -> fx.Node:
@@ -160,6 +165,7 @@ class TrainingModel:
         self._options = dict(rewrite=rewrite, fusion=fusion)
         self._programs: dict[bool, CompiledProgram] = {}
         self.calls = 0
+        self.training = model.training  # the mode the graph was captured in
         try:
             self.joint = capture_joint(model, example_inputs)
         except LossNotScalar:  # the model's own contract is the user's to fix
@@ -201,6 +207,11 @@ class TrainingModel:
     def __call__(self, *inputs):
         if self.joint is None:
             return self.model(*inputs)
+        if self.model.training != self.training:
+            _warn_once(f"{self.name} was compiled for training in "
+                       f"{'train' if self.training else 'eval'} mode and is now in the other; "
+                       "it runs in eager PyTorch until switched back")
+            return self.model(*inputs)
         with_loss = self.wants_loss()
         self.calls += 1
         program = self.program(with_loss)
@@ -209,12 +220,9 @@ class TrainingModel:
             outputs = program(*[p.detach() for p in self._params], *buffers, *inputs)
             for buffer, value in zip(self._mutated, outputs):
                 buffer.copy_(value)
-        start = len(self._mutated)
         index = self.joint.loss_index
         loss = outputs[index] if with_loss else torch.tensor(math.nan)
-        grads = list(outputs[index + 1:]) if index == start else None
-        if grads is None:
-            raise AssertionError("joint graph outputs are not buffers, loss, gradients")
+        grads = list(outputs[index + 1:])
         params = self._grad_params
         if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
             return loss
