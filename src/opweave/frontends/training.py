@@ -183,6 +183,7 @@ class TrainingModel:
         self._buffers = [named_buffers[n] for n in self.joint.buffers]
         self._mutated = [named_buffers[n] for n in self.joint.mutated_buffers]
         self._grad_params = [named_params[n] for n in self.joint.grads]
+        self.program(self.wants_loss())  # compile now, not inside the first step
 
     def program(self, with_loss: bool) -> CompiledProgram:
         """The compiled joint graph, with or without the loss (compiled on first use)."""
@@ -212,6 +213,15 @@ class TrainingModel:
                        f"{'train' if self.training else 'eval'} mode and is now in the other; "
                        "it runs in eager PyTorch until switched back")
             return self.model(*inputs)
+        params = self._grad_params
+        if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
+            return self._run(inputs)[0]
+        # No tensor is bound in this frame: a library that keeps the frames of an import
+        # (as a traceback) would otherwise keep this step's gradients alive.
+        return _PrecomputedGradients.apply(*self._run(inputs), *params)
+
+    def _run(self, inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One step of the joint graph: (loss or NaN, gradients); buffers updated."""
         with_loss = self.wants_loss()
         self.calls += 1
         program = self.program(with_loss)
@@ -222,11 +232,7 @@ class TrainingModel:
                 buffer.copy_(value)
         index = self.joint.loss_index
         loss = outputs[index] if with_loss else torch.tensor(math.nan)
-        grads = list(outputs[index + 1:])
-        params = self._grad_params
-        if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
-            return loss
-        return _PrecomputedGradients.apply(loss, grads, *params)
+        return loss, list(outputs[index + 1:])
 
     @property
     def graphs(self):
