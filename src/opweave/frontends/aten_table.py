@@ -328,29 +328,6 @@ lowers(aten.amin.default)(_reduce("amin"))
 lowers(aten.any.dim, aten.any.dims)(_reduce("any"))
 
 
-@lowers(aten.var_mean.correction)
-def _var_mean(ctx, x, dims=None, *, correction=None, keepdim=False):
-    """(variance, mean) as two passes: mean, then the mean square of the deviation,
-    rescaled by n / (n - correction); the partitioner fuses them with their users."""
-    v = ctx.value(x)
-    if not v.type.dtype.is_floating_point:
-        raise Unsupported("var_mean of a non-float tensor")
-    axes = _dims(dims, v.type.rank)
-    count = 1
-    for axis in axes:
-        count *= v.type.shape[axis]
-    correction = 1 if correction is None else correction
-    if count - correction <= 0:
-        raise Unsupported("var_mean with no degrees of freedom")
-    mean_kept = ctx.add1("mean", [v], {"dims": axes, "keepdim": True})
-    deviation = ctx.add1("sub", [v, mean_kept])
-    square = ctx.add1("mul", [deviation, deviation])
-    var = ctx.add1("sum", [square], {"dims": axes, "keepdim": keepdim})
-    var = ctx.add1("div", [var, ctx.scalar(float(count - correction), like=var)])
-    mean = mean_kept if keepdim else reshape(ctx, mean_kept, _shape(var))
-    return [var, mean]
-
-
 @lowers(aten.sum.default, aten.mean.default, aten.any.default)
 def _reduce_all(ctx, x, dtype=None):
     op = {aten.sum.default: "sum", aten.mean.default: "mean", aten.any.default: "any"}[ctx.node.target]
@@ -670,7 +647,7 @@ def _index_put(ctx, x, indices, values, accumulate=False):
         vals = ctx.add1("expand", [vals], {"shape": rows})
     vals = reshape(ctx, vals, [count] + _shape(v)[1:])
     flat = reshape(ctx, index, [count])
-    if accumulate and _is_zeros(x):
+    if accumulate and _is_zeros(x) and vals.type.dtype == v.type.dtype:
         return ctx.add1("index_add_zeros", [flat, vals], {"rows": _shape(v)[0]})
     return ctx.add1("index_put", [v, flat, vals], {"accumulate": accumulate})
 
