@@ -231,7 +231,9 @@ class _Session:
             # a runtime with its own copy of the weights: free torch's, so that its
             # peak RSS counts one copy, as the torch backends' does
             self._bench = None
-            _release_freed_memory()
+        # what compiling freed (graphs, e-graphs, traces) is not memory a step needs:
+        # hand it back, for every backend alike
+        _release_freed_memory()
         return dict(setup_s=p.setup_s, outputs=p.first_outputs, note=p.note,
                     torch_memory=p.torch_memory)
 
