@@ -1,6 +1,8 @@
 """The benchmark models (small variants) through both frontends, against eager."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -73,7 +75,8 @@ def test_torch_compile_backend_matches_eager_gradients(name):
 def test_training_mode_step_runs_and_learns():
     """Dropout and batch statistics in train mode: random, so check behaviour, not bits."""
     bench = small_model("xmlcnn")
-    module = bench.loss_module.train()
+    # a copy: the optimizer must not change the cached model other tests compile
+    module = copy.deepcopy(bench.loss_module).train()
     compiled = torch.compile(module, backend="opweave")
     optimizer = torch.optim.SGD(module.parameters(), lr=0.5)
     losses = []
