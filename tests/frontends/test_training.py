@@ -63,7 +63,7 @@ def test_three_sgd_steps_match_eager(name, path):
         got = _sgd_step(step, module, opt, args)
         torch.testing.assert_close(got, expected, atol=ATOL, rtol=1e-4)
         _assert_same_state(module, reference)
-    programs = (list(step._programs.values()) if path == "joint"
+    programs = (list(step.programs.values()) if path == "joint"
                 else torch_dynamo.compiled_graphs[before:])
     assert programs
     fallbacks = [dict(p.coverage.fallback) for p in programs if p.coverage.fallback]
@@ -133,14 +133,14 @@ def test_loss_every_computes_the_loss_on_asked_steps_only():
             assert math.isnan(got.item())
         for p, q in zip(module.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
-    assert set(step._programs) == {True, False}
+    assert set(step.programs) == {True, False}
 
 
 def test_loss_every_none_never_computes_the_loss():
     module, args = _tiny()
     step = opweave.compile(module, args, train=True, loss_every=None)
     assert math.isnan(step(*args).item())
-    assert set(step._programs) == {False}
+    assert set(step.programs) == {False}
 
 
 def test_incoming_gradient_scales_the_precomputed_gradients():
@@ -247,7 +247,7 @@ def test_decomposition_splits_backwards_and_keeps_batch_norm_whole():
     (graph,) = step.graphs
     counts = graph.op_counts()
     assert counts["batch_norm_train"] == 1 and counts["batch_norm_backward"] == 1
-    (program,) = step._programs.values()
+    (program,) = step.programs.values()
     (segment,) = [s for s in program.steps if hasattr(s, "executor")]
     kernels = [st for st in segment.executor.lowered_steps if st.kind == "cpp"]
     row_sums = [k for k in kernels if any(n.op == "sum" for n in k.nodes)]
@@ -267,3 +267,22 @@ def test_switching_to_eval_runs_eager_with_one_warning():
         step(*args)
     assert sum(issubclass(w.category, OpweaveFallbackWarning) for w in caught) == 1
     torch.testing.assert_close(got, reference(*args), atol=ATOL, rtol=1e-4)
+
+
+def test_new_input_shapes_compile_the_step_again():
+    """A smaller last batch: the step is captured for its shapes, once, and still exact."""
+    reference, (x, y) = _tiny()
+    module = copy.deepcopy(reference)
+    step = opweave.compile(module, (x, y), train=True)
+    for batch in (6, 3, 3):
+        xs, ys = x[:batch], y[:batch]
+        for m in (reference, module):
+            m.zero_grad(set_to_none=True)
+        expected = reference(xs, ys)
+        expected.backward()
+        got = step(xs, ys)
+        got.backward()
+        torch.testing.assert_close(got, expected)
+        for p, q in zip(module.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad, q.grad)
+    assert len(step._steps) == 2

@@ -152,8 +152,59 @@ class _PrecomputedGradients(torch.autograd.Function):
         return (None, None, *[g if g is None or scale is None else g * scale for g in grads])
 
 
+class _JointStep:
+    """The training step compiled for one set of input shapes: the joint graph, and its
+    programs with and without the loss (each compiled on first use)."""
+
+    def __init__(self, model: torch.nn.Module, example_inputs, name: str, options: dict):
+        self.name = name
+        self.options = options
+        self.joint = capture_joint(model, example_inputs)
+        named_params = dict(model.named_parameters())
+        named_buffers = dict(model.named_buffers())
+        self.params = [named_params[n] for n in self.joint.params]
+        self.buffers = [named_buffers[n] for n in self.joint.buffers]
+        self.mutated = [named_buffers[n] for n in self.joint.mutated_buffers]
+        self.grad_params = [named_params[n] for n in self.joint.grads]
+        self.programs: dict[bool, CompiledProgram] = {}
+
+    def program(self, with_loss: bool) -> CompiledProgram:
+        if with_loss not in self.programs:
+            joint = self.joint
+            gm = joint.gm if with_loss else eliminate_loss(joint.gm, joint.loss_index)
+            suffix = "" if with_loss else "_noloss"
+            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+            buffer_nodes = placeholders[len(self.params):len(self.params) + len(self.buffers)]
+            # Sparse buffers (GCN's adjacency) are bound as constants, as in inference:
+            # the IR takes sparse operands only as constants.
+            constants = {node: b for node, b in zip(buffer_nodes, self.buffers) if b.is_sparse}
+            program = CompiledProgram(gm, constants, name=f"{self.name}_train{suffix}",
+                                      **self.options)
+            program.warn_fallbacks()
+            self.programs[with_loss] = program
+        return self.programs[with_loss]
+
+    def run(self, inputs, with_loss: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """One step: (loss or NaN, gradients); buffers updated in place."""
+        program = self.program(with_loss)
+        with torch.no_grad():
+            buffers = [b for b in self.buffers if not b.is_sparse]
+            outputs = program(*[p.detach() for p in self.params], *buffers, *inputs)
+            for buffer, value in zip(self.mutated, outputs):
+                buffer.copy_(value)
+        index = self.joint.loss_index
+        loss = outputs[index] if with_loss else torch.tensor(math.nan)
+        return loss, list(outputs[index + 1:])
+
+
+def _signature(inputs) -> tuple:
+    return tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else repr(x)
+                 for x in inputs)
+
+
 class TrainingModel:
-    """A model compiled for training; `model(*inputs)` returns the loss (see module doc)."""
+    """A model compiled for training; `model(*inputs)` returns the loss (see module doc).
+    Inputs of new shapes (a smaller last batch) compile the step again, once per shape."""
 
     def __init__(self, model: torch.nn.Module, example_inputs, *, name: str, rewrite=None,
                  fusion=None, loss_every: int | None = 1):
@@ -163,77 +214,57 @@ class TrainingModel:
         self.name = name
         self.loss_every = loss_every
         self._options = dict(rewrite=rewrite, fusion=fusion)
-        self._programs: dict[bool, CompiledProgram] = {}
+        self._steps: dict[tuple, _JointStep | None] = {}  # None: runs in eager
         self.calls = 0
         self.training = model.training  # the mode the graph was captured in
-        try:
-            self.joint = capture_joint(model, example_inputs)
-        except LossNotScalar:  # the model's own contract is the user's to fix
-            raise
-        except Exception as err:  # capture failures are reported, never fatal
-            self.joint = None
-            warnings.warn(f"opweave could not capture the training step of {name}; it runs "
-                          f"in eager PyTorch ({type(err).__name__}: "
-                          f"{str(err).splitlines()[0][:200]})", OpweaveFallbackWarning,
-                          stacklevel=3)
-            return
-        named_params = dict(model.named_parameters())
-        named_buffers = dict(model.named_buffers())
-        self._params = [named_params[n] for n in self.joint.params]
-        self._buffers = [named_buffers[n] for n in self.joint.buffers]
-        self._mutated = [named_buffers[n] for n in self.joint.mutated_buffers]
-        self._grad_params = [named_params[n] for n in self.joint.grads]
-        self.program(self.wants_loss())  # compile now, not inside the first step
+        step = self._step(tuple(example_inputs))
+        if step is not None:
+            step.program(self.wants_loss())  # compile now, not inside the first step
 
-    def program(self, with_loss: bool) -> CompiledProgram:
-        """The compiled joint graph, with or without the loss (compiled on first use)."""
-        if with_loss not in self._programs:
-            gm = self.joint.gm if with_loss else eliminate_loss(self.joint.gm, self.joint.loss_index)
-            suffix = "" if with_loss else "_noloss"
-            placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-            buffer_nodes = placeholders[len(self._params):len(self._params) + len(self._buffers)]
-            # Sparse buffers (GCN's adjacency) are bound as constants, as in inference:
-            # the IR takes sparse operands only as constants.
-            constants = {node: b for node, b in zip(buffer_nodes, self._buffers) if b.is_sparse}
-            program = CompiledProgram(gm, constants, name=f"{self.name}_train{suffix}",
-                                      **self._options)
-            program.warn_fallbacks()
-            self._programs[with_loss] = program
-        return self._programs[with_loss]
+    def _step(self, inputs) -> _JointStep | None:
+        key = _signature(inputs)
+        if key not in self._steps:
+            try:
+                self._steps[key] = _JointStep(self.model, inputs, self.name, self._options)
+            except LossNotScalar:  # the model's own contract is the user's to fix
+                raise
+            except Exception as err:  # capture failures are reported, never fatal
+                self._steps[key] = None
+                warnings.warn(f"opweave could not capture the training step of {self.name}; "
+                              f"it runs in eager PyTorch ({type(err).__name__}: "
+                              f"{str(err).splitlines()[0][:200]})", OpweaveFallbackWarning,
+                              stacklevel=4)
+        return self._steps[key]
+
+    @property
+    def programs(self) -> dict[bool, CompiledProgram]:
+        """The compiled programs (with loss: True, without: False) of the example shapes."""
+        first = next(iter(self._steps.values()))
+        return first.programs if first is not None else {}
 
     def wants_loss(self) -> bool:
         """Whether the next call computes the loss value."""
         return self.loss_every is not None and self.calls % self.loss_every == 0
 
     def __call__(self, *inputs):
-        if self.joint is None:
-            return self.model(*inputs)
         if self.model.training != self.training:
             _warn_once(f"{self.name} was compiled for training in "
                        f"{'train' if self.training else 'eval'} mode and is now in the other; "
                        "it runs in eager PyTorch until switched back")
             return self.model(*inputs)
-        params = self._grad_params
-        if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
-            return self._run(inputs)[0]
-        # No tensor is bound in this frame: a library that keeps the frames of an import
-        # (as a traceback) would otherwise keep this step's gradients alive.
-        return _PrecomputedGradients.apply(*self._run(inputs), *params)
-
-    def _run(self, inputs) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """One step of the joint graph: (loss or NaN, gradients); buffers updated."""
+        step = self._step(inputs)
+        if step is None:
+            return self.model(*inputs)
         with_loss = self.wants_loss()
         self.calls += 1
-        program = self.program(with_loss)
-        with torch.no_grad():
-            buffers = [b for b in self._buffers if not b.is_sparse]
-            outputs = program(*[p.detach() for p in self._params], *buffers, *inputs)
-            for buffer, value in zip(self._mutated, outputs):
-                buffer.copy_(value)
-        index = self.joint.loss_index
-        loss = outputs[index] if with_loss else torch.tensor(math.nan)
-        return loss, list(outputs[index + 1:])
+        params = step.grad_params
+        if not torch.is_grad_enabled() or not any(p.requires_grad for p in params):
+            return step.run(inputs, with_loss)[0]
+        # No tensor is bound in this frame: a library that keeps the frames of an import
+        # (as a traceback) would otherwise keep this step's gradients alive.
+        return _PrecomputedGradients.apply(*step.run(inputs, with_loss), *params)
 
     @property
     def graphs(self):
-        return [g for p in self._programs.values() for g in p.graphs]
+        return [g for step in self._steps.values() if step is not None
+                for p in step.programs.values() for g in p.graphs]
