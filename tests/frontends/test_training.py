@@ -286,3 +286,15 @@ def test_new_input_shapes_compile_the_step_again():
         for p, q in zip(module.parameters(), reference.parameters()):
             torch.testing.assert_close(p.grad, q.grad)
     assert len(step._steps) == 2
+
+
+def test_inputs_that_require_grad_train_in_eager_with_the_reason():
+    reference, (x, y) = _tiny()
+    module = copy.deepcopy(reference)
+    x = x.clone().requires_grad_()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = opweave.compile(module, (x, y), train=True)
+    assert any("require grad" in str(w.message) for w in caught)
+    step(x, y).backward()
+    assert x.grad is not None

@@ -159,6 +159,11 @@ class _JointStep:
     def __init__(self, model: torch.nn.Module, example_inputs, name: str, options: dict):
         self.name = name
         self.options = options
+        wanting = [i for i, x in enumerate(example_inputs)
+                   if isinstance(x, torch.Tensor) and x.requires_grad]
+        if wanting:
+            raise NotImplementedError(f"input(s) {wanting} require grad; the joint graph "
+                                      "computes parameter gradients only")
         self.joint = capture_joint(model, example_inputs)
         named_params = dict(model.named_parameters())
         named_buffers = dict(model.named_buffers())
