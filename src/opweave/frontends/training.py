@@ -10,6 +10,7 @@ the usual `loss.backward(); optimizer.step()` loop is unchanged.
 Loss elimination (EVT): the gradients do not need the loss value. With `loss_every=N`,
 only every N-th call computes it; the other calls run a second compilation of the joint
 graph without the loss output, whose loss-only nodes are dead and removed.
+See docs/training.md.
 """
 from __future__ import annotations
 
@@ -39,9 +40,9 @@ class _LossAsTuple(torch.nn.Module):
     def forward(self, *inputs):
         loss = self.model(*inputs)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-            raise LossNotScalar("opweave.compile(train=True) needs a model that returns a scalar "
-                            f"loss tensor; {type(self.model).__name__} returned "
-                            f"{_describe(loss)}")
+            raise LossNotScalar("opweave.compile(train=True) needs a model that returns a "
+                                f"scalar loss tensor; {type(self.model).__name__} returned "
+                                f"{_describe(loss)}")
         return (loss,)
 
 
