@@ -2,14 +2,10 @@
 C++ kernels; `executor_for(graph)` is the one entry point the frontends use."""
 from __future__ import annotations
 
-import warnings
-
 from ..ir import Graph
+from ..notices import warn_once
 from ..runtime import Executor
 from .lower import FUSION_MODES, FusionWarning, Lowered, lower, resolve_mode
-
-_WARNED: set[str] = set()
-
 
 def executor_for(graph: Graph, fusion=None) -> Executor:
     """An executor for `graph` running fused kernels (`fusion`: "ilp", "greedy", "off", or
@@ -21,10 +17,8 @@ def executor_for(graph: Graph, fusion=None) -> Executor:
     try:
         lowered = lower(graph, mode)
     except Exception as err:  # noqa: BLE001  (any failure falls back, loudly)
-        message = f"opweave: fusion failed on {graph.name} and was skipped: {type(err).__name__}: {err}"
-        if message not in _WARNED:
-            _WARNED.add(message)
-            warnings.warn(message, FusionWarning, stacklevel=2)
+        warn_once(f"opweave: fusion failed on {graph.name} and was skipped: "
+                  f"{type(err).__name__}: {err}", FusionWarning)
         return Executor(graph)
     executor = Executor(graph, steps=lowered.steps)
     executor.lowered = lowered

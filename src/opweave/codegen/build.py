@@ -24,6 +24,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ..files import atomic_write
 from .prelude import PRELUDE
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
@@ -83,9 +84,7 @@ def _compile(source: str, target: Path) -> None:
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"{COMPILER} failed on generated code:\n{proc.stderr[-4000:]}")
-        staged = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        shutil.copyfile(out, staged)
-        os.replace(staged, target)
+        atomic_write(target, lambda staged: shutil.copyfile(out, staged))
 
 
 def _load_checked(path: Path, key: str) -> ctypes.CDLL | None:

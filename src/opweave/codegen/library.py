@@ -27,7 +27,7 @@ _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmo
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
 
 
-def supports(anchor: Node) -> bool:
+def supports() -> bool:
     """Whether the library form applies (torch was built with oneDNN)."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
@@ -60,7 +60,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False) -> di
     """The library forms of an anchor group, by name (all "onednn..."), to be measured.
     `inplace`: the residual operand is dead after this group, so a convolution may add
     into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer)."""
-    if not supports(anchor):
+    if not supports():
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
     if anchor.op == "matmul":

@@ -278,8 +278,9 @@ def _debug_dump(graph: Graph, lowered: Lowered) -> None:
     if not os.environ.get("OPWEAVE_DEBUG"):
         return
     root = Path(os.environ.get("OPWEAVE_DEBUG_DIR", "opweave_debug")) / graph.name
-    root.mkdir(parents=True, exist_ok=True)
+    from ..files import atomic_write
     from .report import partition_report
 
-    (root / "partition.txt").write_text(partition_report(lowered))
-    (root / "kernels.cpp").write_text("\n".join(s.body for s in lowered.sources))
+    report, source = partition_report(lowered), "\n".join(s.body for s in lowered.sources)
+    atomic_write(root / "partition.txt", lambda tmp: tmp.write_text(report))
+    atomic_write(root / "kernels.cpp", lambda tmp: tmp.write_text(source))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 import operator
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +18,7 @@ import torch.fx as fx
 
 from ..ir import Graph, ShapeError, verify
 from ..ir.graph import Value
+from ..notices import warn_once
 from ..runtime import Executor
 from . import aten_table  # noqa: F401  (fills the lowering table)
 from .lowering import TABLE, LoweringContext, Unsupported, fx_value, tensor_type
@@ -275,13 +275,8 @@ class CompiledProgram:
             _warn_once(self.coverage.fallback_message())
 
 
-_WARNED: set[str] = set()
-
-
 def _warn_once(message: str) -> None:
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, OpweaveFallbackWarning, stacklevel=4)
+    warn_once(message, OpweaveFallbackWarning, stacklevel=4)
 
 
 def _fetch_attr(gm: torch.nn.Module, target: str):

@@ -23,7 +23,8 @@ import torch
 import torch.fx as fx
 
 from .decompositions import decomposition_table
-from .program import CompiledProgram, OpweaveFallbackWarning, _warn_once
+from ..notices import warn_once
+from .program import CompiledProgram, OpweaveFallbackWarning
 
 
 class LossNotScalar(TypeError):
@@ -171,6 +172,8 @@ class _JointStep:
         self.params = [named_params[n] for n in self.joint.params]
         self.buffers = [named_buffers[n] for n in self.joint.buffers]
         self.mutated = [named_buffers[n] for n in self.joint.mutated_buffers]
+        # sparse buffers are bound into the programs as constants; the rest are arguments
+        self.runtime_buffers = [b for b in self.buffers if not b.is_sparse]
         self.grad_params = [named_params[n] for n in self.joint.grads]
         self.programs: dict[bool, CompiledProgram] = {}
 
@@ -194,8 +197,7 @@ class _JointStep:
         """One step: (loss or NaN, gradients); buffers updated in place."""
         program = self.program(with_loss)
         with torch.no_grad():
-            buffers = [b for b in self.buffers if not b.is_sparse]
-            outputs = program(*[p.detach() for p in self.params], *buffers, *inputs)
+            outputs = program(*[p.detach() for p in self.params], *self.runtime_buffers, *inputs)
             for buffer, value in zip(self.mutated, outputs):
                 buffer.copy_(value)
         index = self.joint.loss_index
@@ -254,9 +256,9 @@ class TrainingModel:
 
     def __call__(self, *inputs):
         if self.model.training != self.training:
-            _warn_once(f"{self.name} was compiled for training in "
-                       f"{'train' if self.training else 'eval'} mode and is now in the other; "
-                       "it runs in eager PyTorch until switched back")
+            warn_once(f"{self.name} was compiled for training in "
+                      f"{'train' if self.training else 'eval'} mode and is now in the other; "
+                      "it runs in eager PyTorch until switched back", OpweaveFallbackWarning)
             return self.model(*inputs)
         step = self._step(inputs)
         if step is None:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..ir.graph import Node
-from .classify import Role, iteration_shape
+from .classify import Role, constant_of, iteration_shape
 from .context import Context
 
 LINEAR_UNARY = frozenset({"relu", "gelu", "tanh", "sigmoid"})
@@ -130,7 +130,5 @@ def anchor_epilogue(ctx: Context, members) -> Epilogue | str:
 
 
 def _is_row_bias(ctx: Context, value, anchor: Node) -> bool:
-    from .classify import constant_of
-
     n = anchor.outputs[0].type.shape[-1]
     return value.type.shape in ((n,), (1, n)) and constant_of(ctx.graph, value) is not None

@@ -118,7 +118,6 @@ class Executor:
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
 
 
-
 def _slot_steps(steps, slot, graph: Graph):
     """(call, input slots, output slots, slots to free) for lowered steps: a value is
     dropped after the last step that reads it (graph outputs and constants never are)."""
