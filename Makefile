@@ -27,10 +27,8 @@ $(BENCH_STAMP): $(STAMP)
 bench: $(BENCH_STAMP)
 	$(VENV)/bin/opweave bench $(ARGS)
 
-# timing-sensitive tests run alone, after the rest (whose compiler processes would skew them)
 test: $(STAMP)
-	$(PY) -m pytest -q -n 2 --durations=10 -m "not timing"
-	$(PY) -m pytest -q -m timing
+	$(PY) -m pytest -q -n 2 --durations=10
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
