@@ -22,7 +22,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
-from . import build, library
+from . import build, gemm, library
 from .render import KernelSource, render
 
 KERNELS_PER_UNIT = 16
@@ -76,6 +76,12 @@ def op_step(node: Node) -> Step:
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 
+def gemm_step(node: Node) -> Step:
+    """A product of two run-time matrices, on torch's or oneDNN's GEMM by measurement."""
+    return Step(lambda a, b: [gemm.measured_matmul(a, b)], list(node.inputs),
+                list(node.outputs), [node], "library", "matmul (measured GEMM)")
+
+
 def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
                  outputs: list[Value]) -> Callable:
     """The group's nodes run one by one as torch ops (the semantics every kernel matches);
@@ -111,7 +117,9 @@ def lower(graph: Graph, mode=None, measure: bool = True) -> Lowered:
     for group in order:
         nodes = part.ordered(group)
         if len(nodes) == 1 and ctx.role[nodes[0]] is not Role.ANCHOR:
-            lowered.steps.append(op_step(nodes[0]))
+            single = nodes[0]
+            lowered.steps.append(gemm_step(single) if measure and gemm.applies(single)
+                                 else op_step(single))
             continue
         outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
         if ctx.role[nodes[0]] is Role.ANCHOR:
