@@ -154,12 +154,25 @@ def test_elementwise_kernel_over_any_row_split(shape):
     _check(g, torch.randn(shape), torch.randn(shape), expect={"cpp": 1})
 
 
-def test_sums_over_other_axes_stay_in_torch():
-    g = Graph("col_sum")
-    x = g.add_input("x", TensorType((16, 8), F32))
+def test_sums_over_middle_axes_stay_in_torch():
+    g = Graph("mid_sum")
+    x = g.add_input("x", TensorType((4, 16, 8), F32))
     e = g.add1("exp", [x])
-    g.outputs = [g.add1("sum", [e], {"dims": [0], "keepdim": True})]
-    _check(g, torch.randn(16, 8), expect={"op": 2})
+    g.outputs = [g.add1("sum", [e], {"dims": [1], "keepdim": True})]
+    _check(g, torch.randn(4, 16, 8), expect={"op": 2})
+
+
+@pytest.mark.parametrize("shape,dims,keepdim", [((16, 8), [0], True), ((1, 300, 1024), [0, 1], False),
+                                                ((3, 40, 24), [0, 1], True)])
+def test_column_sum_with_its_producer_is_one_kernel(shape, dims, keepdim):
+    """A bias gradient next to the gradient it sums (both written by the kernel); the
+    middle shape is large enough to run on threads, each with its own partial sums."""
+    g = Graph("col_sum")
+    x = g.add_input("x", TensorType(shape, F32))
+    grad = g.add_input("grad", TensorType(shape, F32))
+    d = g.add1("mul", [g.add1("tanh", [x]), grad])
+    g.outputs = [d, g.add1("sum", [d], {"dims": dims, "keepdim": keepdim})]
+    _check(g, torch.randn(shape), torch.randn(shape), atol=1e-4, rtol=1e-5, expect={"cpp": 1})
 
 
 def test_large_kernel_runs_on_threads_and_matches():

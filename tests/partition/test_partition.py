@@ -64,12 +64,27 @@ def test_refusals_say_why():
     assert "iteration spaces" in why_illegal(ctx, frozenset([gelu, ln]))
 
 
+def test_column_sum_joins_its_producer_but_nothing_reads_it_inside():
+    """A bias gradient: the kernel that computes dY also sums its columns."""
+    g = Graph("colsum")
+    x = g.add_input("x", TensorType((1, 6, 4), torch.float32))
+    a = g.add1("exp", [x])
+    b = g.add1("sum", [a], {"dims": [0, 1], "keepdim": False})
+    c = g.add1("mul", [a, b])                # reads the finished sums: another kernel
+    g.outputs = [c]
+    ctx = Context(g)
+    assert ctx.role[b.producer] is Role.COLUMN_SUM
+    assert "read inside its kernel" in why_illegal(ctx, frozenset([a.producer, b.producer,
+                                                                   c.producer]))
+    assert _fused_ops(partition(g, "ilp")) == Counter({("exp", "sum"): 1})
+
+
 def test_non_convex_group_is_refused():
     """a -> b -> c and a -> c: {a, c} without b would need its own output."""
     g = Graph("diamond")
     x = g.add_input("x", TensorType((4, 4), torch.float32))
     a = g.add1("exp", [x])
-    b = g.add1("sum", [a], {"dims": [0], "keepdim": True})  # a column sum stays in torch
+    b = g.add1("sum", [a], {"dims": [1], "keepdim": False})  # dropping its axis: torch
     c = g.add1("add", [a, b])
     g.outputs = [c]
     ctx = Context(g)

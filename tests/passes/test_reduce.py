@@ -89,3 +89,18 @@ def test_a_sum_of_a_sum_is_one_sum():
     (s,) = _reductions(after)
     assert sorted(s.attrs["dims"]) == [0, 2]
     assert "sum-of-sum" in report.fired
+
+
+def test_a_column_sum_reads_through_the_reshape_to_its_producer():
+    """A bias gradient: the sum of dY's rows, taken on the [tokens, features] view of the
+    kernel output; after the rewrite it reads that output and can fuse with its kernel."""
+    g = Graph("bias_grad_view")
+    x = g.add_input("x", TensorType((2, 6, 8), F32))
+    dy = g.add1("tanh", [x])
+    rows = g.add1("reshape", [dy], {"shape": [12, 8]})
+    total = g.add1("sum", [rows], {"dims": [0], "keepdim": True})
+    g.outputs = [rows, g.add1("reshape", [total], {"shape": [8]})]  # as AOTAutograd writes it
+    after, report = _rewritten(g, torch.randn(2, 6, 8))
+    (s,) = _reductions(after)
+    assert s.inputs[0].producer.op == "tanh" and sorted(s.attrs["dims"]) == [0, 1]
+    assert "sum-through-reshape" in report.fired

@@ -12,6 +12,7 @@ PRELUDE = r"""
 #include <cstdint>
 #include <cstring>
 #include <omp.h>
+#include <vector>
 
 static int ow_threads = 1;
 extern "C" void ow_set_threads(int n) { ow_threads = n > 0 ? n : 1; }

@@ -1,5 +1,6 @@
-"""Render one fused group of one-to-one ops (and at most one row reduction) as C++.
-A row reduction is softmax, log-softmax, layer norm, or a sum or mean along the last axis.
+"""Render one fused group of one-to-one ops (and at most one reduction) as C++.
+A row reduction is softmax, log-softmax, layer norm, or a sum or mean along the last axis;
+a column sum (over every axis but the last) is the other kind.
 
 The kernel walks the group's iteration space as rows (all axes but the last) by columns
 (the last axis). Rows are split across OpenMP threads; the column loop carries
@@ -7,7 +8,9 @@ The kernel walks the group's iteration space as rows (all axes but the last) by 
 compiler's vectorization report). Every input is read in place through its broadcast
 strides, baked in as constants: a bias indexes by column, a per-channel scale by a row
 formula. A row reduction computes its input row into a buffer, reduces it, then runs the
-epilogue; prologue values the epilogue needs are recomputed rather than stored.
+epilogue; prologue values the epilogue needs are recomputed rather than stored. A column
+sum accumulates each thread's rows into its own partial sums, added up in thread order
+afterwards (deterministic for a given thread count).
 Signature: `void name(void** args)`, args = outputs then inputs, all contiguous.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 
 from ..ir import Graph
 from ..ir.graph import Node, Value
-from ..partition.classify import ROW_REDUCE_OPS, ROW_SUM_OPS, iteration_shape
+from ..partition.classify import ROW_REDUCE_OPS, ROW_SUM_OPS, is_column_sum, iteration_shape
 
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
 
@@ -181,6 +184,8 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
         lines.append(f"  for (int64_t r = 0; r < {em.rows}; ++r) {{")
         lines += ["    " + ln for ln in body]
         lines.append("  }")
+    elif is_column_sum(reduce):
+        lines += _column_sum_kernel(em, members, reduce, total)
     elif reduce.op in ROW_SUM_OPS:
         lines += _row_sum_kernel(em, members, reduce, par)
     else:
@@ -277,6 +282,31 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
         lines += ["      " + s for s in _stores(em, after, f"r * {c} + j")]
         lines.append("    }")
     lines.append("  }")
+    return lines
+
+
+def _column_sum_kernel(em, members, reduce, total) -> list[str]:
+    """The other members and the sum's accumulation in one pass over the rows. The rows
+    are cut into `nt` blocks, each summed into its own slice of `part` (by block number,
+    not thread id: another OpenMP runtime in the process may answer omp_get_thread_num),
+    and the slices are added in block order after."""
+    c, rows = em.cols, em.rows
+    others = [n for n in members if n is not reduce]
+    out = f"a{em.outputs.index(reduce.outputs[0])}"
+    lines = [f"  const int nt = ({total} >= {PARALLEL_MIN} && {rows} > 1) ? ow_threads : 1;",
+             f"  std::vector<float> part((size_t)nt * {c}, 0.0f);",
+             "  #pragma omp parallel for num_threads(nt) schedule(static, 1)",
+             "  for (int t = 0; t < nt; ++t) {",
+             f"    float* __restrict acc = part.data() + (size_t)t * {c};",
+             f"    for (int64_t r = {rows} * t / nt; r < {rows} * (t + 1) / nt; ++r) {{",
+             "      #pragma omp simd",
+             f"      for (int64_t j = 0; j < {c}; ++j) {{"]
+    lines += ["        " + em.declare(n) for n in others]
+    lines.append(f"        acc[j] += {em.load(reduce.inputs[0])};")
+    lines += ["        " + s for s in _stores(em, others, f"r * {c} + j")]
+    lines += ["      }", "    }", "  }", f"  std::memcpy({out}, part.data(), {c} * sizeof(float));",
+              "  for (int t = 1; t < nt; ++t) {", "    #pragma omp simd",
+              f"    for (int64_t j = 0; j < {c}; ++j) {out}[j] += part[(size_t)t * {c} + j];", "  }"]
     return lines
 
 

@@ -6,6 +6,8 @@
 - POINTWISE: a one-to-one op the C++ generator can emit in float32.
 - ROW_REDUCE: a many-to-many op that reduces along the last axis and maps back onto it
   (softmax, log-softmax, layer norm): it fuses with one-to-one neighbours row by row.
+- COLUMN_SUM: a sum over every axis but the last (a bias or layer-norm weight gradient):
+  it fuses with the one-to-one ops that produce its input, as their last step.
 - VIEW: a reorganize/shuffle op that moves no data; only a reshape may join an anchor's
   epilogue chain.
 - OPAQUE: everything else runs as the library op it is.
@@ -19,6 +21,7 @@ import torch
 
 from ..ir import Graph, MappingType
 from ..ir.graph import Node
+from ..ir.ops.reduction import column_sum_axes
 
 # One-to-one ops the C++ generator implements (codegen/cpp/render.py has their formulas).
 CPP_POINTWISE = frozenset({
@@ -38,6 +41,7 @@ class Role(enum.Enum):
     ANCHOR = "anchor"
     POINTWISE = "pointwise"
     ROW_REDUCE = "row-reduce"
+    COLUMN_SUM = "column-sum"
     VIEW = "view"
     OPAQUE = "opaque"
 
@@ -123,15 +127,25 @@ def _row_reduce_role(node: Node) -> tuple[Role, str]:
 def _row_sum_role(node: Node) -> tuple[Role, str]:
     x = node.inputs[0]
     if x.type.dtype != torch.float32 or x.type.rank == 0:
-        return Role.OPAQUE, "row sums are generated for float32 tensors"
+        return Role.OPAQUE, "sums are generated for float32 tensors"
+    if is_column_sum(node):
+        return Role.COLUMN_SUM, ""
     dims = {d % x.type.rank for d in node.attrs["dims"]} if node.attrs["dims"] else None
     if dims != {x.type.rank - 1} or not node.attrs["keepdim"]:
-        return Role.OPAQUE, f"{node.op} over other axes than the last (kept)"
+        return Role.OPAQUE, f"{node.op} over other axes than the last (kept), or all but it"
     return Role.ROW_REDUCE, ""
 
 
+def is_column_sum(node: Node) -> bool:
+    """A sum of each column: over every axis but the last (axes of size 1 aside)."""
+    if node.op != "sum" or not node.attrs["dims"]:
+        return False
+    shape = node.inputs[0].type.shape
+    return column_sum_axes(shape, {d % len(shape) for d in node.attrs["dims"]})
+
+
 def iteration_shape(node: Node) -> tuple[int, ...]:
-    """The shape a kernel containing `node` loops over: a row sum loops over its input."""
+    """The shape a kernel containing `node` loops over: a sum loops over its input."""
     if node.op in ROW_SUM_OPS:
         return tuple(node.inputs[0].type.shape)
     return tuple(node.outputs[0].type.shape)

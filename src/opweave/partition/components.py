@@ -32,8 +32,10 @@ def fusible_edge(ctx: Context, producer: Node, consumer: Node) -> bool:
         return False
     if b is Role.ANCHOR:                     # no prologue fusion into library calls
         return False
+    if a is Role.COLUMN_SUM:                 # complete only after the kernel's last row
+        return False
     if a is Role.VIEW:
-        return producer.op == "reshape" and b is not Role.ROW_REDUCE
+        return producer.op == "reshape" and b not in (Role.ROW_REDUCE, Role.COLUMN_SUM)
     if b is Role.VIEW:
         return consumer.op == "reshape" and a in (Role.ANCHOR, Role.POINTWISE)
     return True

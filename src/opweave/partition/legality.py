@@ -4,9 +4,10 @@ Two kinds of fused group:
 - an anchor group: a linear layer or convolution plus an epilogue chain the library
   applies as post-ops (oneDNN): bias, then one activation, or a residual add (for a
   convolution, a residual add then ReLU), with reshapes passing through;
-- a generated kernel: one-to-one ops over one iteration space, with at most one row
-  reduction (softmax, log-softmax, layer norm, or a sum or mean along the last axis)
-  whose prologue and epilogue they form.
+- a generated kernel: one-to-one ops over one iteration space, with at most one
+  reduction: a row reduction (softmax, log-softmax, layer norm, or a sum or mean along the
+  last axis) whose prologue and epilogue they form, or a column sum they feed, which
+  nothing in the kernel reads (its result is complete only after the last row).
 Every refusal returns the reason, for the debug dump.
 """
 from __future__ import annotations
@@ -46,13 +47,13 @@ def monotone_violation(ctx: Context, members) -> str | None:
     if anchors > 1:
         return "two contractions in one kernel"
     if anchors:
-        if Role.ROW_REDUCE in roles:
-            return "a row reduction cannot be a library post-op"
+        if Role.ROW_REDUCE in roles or Role.COLUMN_SUM in roles:
+            return "a reduction cannot be a library post-op"
         return None
     if Role.VIEW in roles:
         return "views join only an anchor's epilogue"
-    if roles.count(Role.ROW_REDUCE) > 1:
-        return "two row reductions in one kernel"
+    if roles.count(Role.ROW_REDUCE) + roles.count(Role.COLUMN_SUM) > 1:
+        return "two reductions in one kernel"
     shapes = {iteration_shape(n) for n in members}
     if len(shapes) > 1:
         return f"different iteration spaces {sorted(shapes)}"
@@ -72,6 +73,8 @@ def why_illegal(ctx: Context, members: frozenset[Node]) -> str | None:
         epilogue = anchor_epilogue(ctx, members)
         return epilogue if isinstance(epilogue, str) else None
     for n in members:
+        if ctx.role[n] is Role.COLUMN_SUM and any(u in members for u in ctx.users.get(n.outputs[0], [])):
+            return "a column sum is read inside its kernel (it is complete only after the last row)"
         if n.op == "layer_norm" and any(ctx.escapes(v, members) for v in n.outputs[1:]):
             return "layer norm statistics are read elsewhere"
         if n.outputs[0].type.dtype == torch.bool and ctx.escapes(n.outputs[0], members):

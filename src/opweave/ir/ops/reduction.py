@@ -30,6 +30,14 @@ def _mean_dtype(ins, attrs):
     return [ins[0].dtype]
 
 
+def column_sum_axes(shape, dims) -> bool:
+    """Whether a sum over `dims` of a `shape` tensor sums each column: every axis but the
+    last is reduced or of size 1, and the last is kept (a bias gradient)."""
+    rank = len(shape)
+    return (rank >= 2 and rank - 1 not in dims
+            and all(d in dims or shape[d] == 1 for d in range(rank - 1)))
+
+
 def _dims(x, dims):
     return list(dims) if x.dim() else []
 

@@ -30,7 +30,7 @@ RULESETS: dict[str, tuple[int, str]] = {
     "recompose": (0, "recognize decomposed softmax and log-softmax"),
     "layout": (0, "compose and cancel permute/reshape/slice/cat, move views past ops"),
     "algebra": (0, "strength reduction, scales through matmuls, matmul identities"),
-    "reduce": (0, "reduction elimination: sums of broadcasts, factors out of sums, sums of sums"),
+    "reduce": (0, "reduction elimination: sums of broadcasts, factors out of sums, sums of sums, column sums through reshapes"),
     "ac": (1, "commutativity, associativity, distributivity: explores orders, grows fast"),
     "merge": (2, "merge parallel matmuls and linear layers that share an input"),
     "merge-conv": (2, "merge parallel convolutions that share an input (IOS); not default"),

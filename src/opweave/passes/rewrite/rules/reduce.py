@@ -12,6 +12,7 @@ Identical reductions (statistics computed twice) need no rule: the e-graph share
 """
 from __future__ import annotations
 
+from ....ir.ops.reduction import column_sum_axes
 from ._helpers import X, Y, example, op, require, rule, same
 
 
@@ -143,3 +144,23 @@ def reduce_unit_axes(b, m):
     if rest:  # the real reduction, keeping axes so the view below can drop them
         x = b.op(s.op, x, dims=rest, keepdim=True)
     return same(b, m.root, b.op("reshape", x, shape=_kept_shape(list(t.shape), dims, keep)))
+
+
+def _through_reshape_example(keepdim):
+    return lambda b, x: b.op("sum", b.op("reshape", x, shape=[6, 4]), dims=[0], keepdim=keepdim)
+
+
+@rule("sum-through-reshape", op("sum", op("reshape", X, bind="r"), bind="s"), "reduce",
+      [example(_through_reshape_example(False), (2, 3, 4)),
+       example(_through_reshape_example(True), (1, 6, 4))])
+def sum_through_reshape(b, m):
+    """the column sums of a reshape that keeps the last axis are the column sums of its
+    input: the sum then reads the tensor its producer wrote, and can fuse with it"""
+    s, t = m.node("s"), b.type(m["x"])
+    viewed = b.type(m["r"])
+    require(t.rank >= 2 and t.shape[-1] == viewed.shape[-1], "the reshape moves the last axis")
+    require(column_sum_axes(list(viewed.shape), _reduced(s, viewed)), "not a column sum")
+    total = b.op("sum", m["x"], dims=list(range(t.rank - 1)), keepdim=False)
+    out = b.type(m.root).shape
+    return same(b, m.root, total if list(out) == [t.shape[-1]]
+                else b.op("reshape", total, shape=list(out)))
