@@ -287,9 +287,8 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
 
 def _column_sum_kernel(em, members, reduce, total) -> list[str]:
     """The other members and the sum's accumulation in one pass over the rows. The rows
-    are cut into `nt` blocks, each summed into its own slice of `part` (by block number,
-    not thread id: another OpenMP runtime in the process may answer omp_get_thread_num),
-    and the slices are added in block order after."""
+    are cut into `nt` blocks, each summed into its own slice of `part`, and the slices
+    are added in block order after: which thread ran which block cannot change a bit."""
     c, rows = em.cols, em.rows
     others = [n for n in members if n is not reduce]
     out = f"a{em.outputs.index(reduce.outputs[0])}"
