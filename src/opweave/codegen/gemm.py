@@ -11,7 +11,6 @@ on its actual operands, checks that they agree, and keeps the faster for the pro
 """
 from __future__ import annotations
 
-import time
 from typing import Callable
 
 import torch
@@ -64,11 +63,5 @@ def _choose(a: torch.Tensor, b: torch.Tensor, rounds: int = 7) -> Callable:
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4,
                                                          atol=1e-5 * max(scale, 1.0)):
         return _torch_mm
-    best = {_torch_mm: float("inf"), _onednn_mm: float("inf")}
-    for r in range(rounds + 2):
-        for form in best:
-            start = time.perf_counter()
-            form(a, b)
-            if r >= 2:
-                best[form] = min(best[form], time.perf_counter() - start)
-    return min(best, key=best.__getitem__)
+    forms = {"torch": _torch_mm, "onednn": _onednn_mm}
+    return forms[library.fastest(forms, (a, b), rounds)[0]]

@@ -180,17 +180,22 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
         return _CHOICES[key]
     # convolutions keep activations channels-last between them, so measure them that way
     args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
-    times: dict[str, list[float]] = {name: [] for name in candidates}
+    _CHOICES[key] = fastest(candidates, args, rounds)
+    return _CHOICES[key]
+
+
+def fastest(candidates: dict[str, Callable], args, rounds: int = 7) -> tuple[str, float]:
+    """The candidate with the smallest minimum time over `rounds` interleaved runs on
+    `args` (after two warm-up rounds), and that time."""
+    best = {name: float("inf") for name in candidates}
     for r in range(rounds + 2):
         for name, fn in candidates.items():
             t = time.perf_counter()
             fn(*args)
             if r >= 2:
-                times[name].append(time.perf_counter() - t)
-    fastest = {name: min(ts) for name, ts in times.items()}
-    best = min(fastest, key=fastest.__getitem__)
-    _CHOICES[key] = (best, fastest[best])
-    return _CHOICES[key]
+                best[name] = min(best[name], time.perf_counter() - t)
+    name = min(best, key=best.__getitem__)
+    return name, best[name]
 
 
 def _example(v: Value, channels_last: bool) -> torch.Tensor:
