@@ -1,17 +1,18 @@
-# All set-up happens here: each target creates .venv and installs what it needs.
+# All set-up happens here: each target creates .venv and installs what it needs, at the
+# versions pinned in requirements.lock (every direct and transitive dependency).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+LOCK := requirements.lock
 STAMP := $(VENV)/.installed
-
 BENCH_STAMP := $(VENV)/.installed-bench
+PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: demo test bench install clean
+.PHONY: demo test bench install lock clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet "torch==2.13.0"
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -20,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/opweave demo
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e ".[test,bench]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test,bench]"
 	touch $(BENCH_STAMP)
 
 # every backend on the five models; ARGS passes options, e.g. make bench ARGS="--mode train"
@@ -30,5 +31,13 @@ bench: $(BENCH_STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=10
 
+# Re-resolve every dependency after editing pyproject.toml (tests/test_lock.py fails
+# until the lock agrees with it).
+lock:
+	$(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet "$(PIP_TOOLS)"
+	.venv-lock/bin/pip-compile --quiet --strip-extras --allow-unsafe --extra test --extra bench \
+		--no-emit-find-links --no-emit-index-url --output-file $(LOCK) pyproject.toml
+
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-lock build src/*.egg-info .pytest_cache

@@ -65,11 +65,30 @@ def test_what_z3_cannot_decide_is_said_so():
     assert prove_rule(registered("pow-one")).startswith("not decidable here (pow")
 
 
-def test_inexact_rules_with_uninterpreted_ops_are_refuted_by_torch():
-    """rsqrt(x) is not 1/sqrt(x) to the last bit; torch reproduces the difference."""
+def _rsqrt_impl(monkeypatch, impl):
+    """rsqrt's reference made to differ from 1/sqrt(x) by design (or not at all): whether
+    torch's own rsqrt rounds like 1/sqrt depends on the CPU's vector unit."""
+    from opweave.ir import registry
+
+    monkeypatch.setattr(registry.get("rsqrt"), "impl", impl)
+
+
+def test_inexact_rules_with_uninterpreted_ops_are_refuted_by_torch(monkeypatch):
+    """rsqrt is uninterpreted for z3; a difference torch reproduces is a counterexample."""
+    _rsqrt_impl(monkeypatch, lambda x: torch.nextafter(1 / torch.sqrt(x), torch.tensor(float("inf"))))
     (x,) = counterexample_inputs(prove_rule(registered("rsqrt")))
     x = torch.tensor(x)
-    assert not torch.equal(torch.rsqrt(x), 1 / torch.sqrt(x))
+    assert not torch.equal(torch.nextafter(1 / torch.sqrt(x), torch.tensor(float("inf"))),
+                           1 / torch.sqrt(x))
+
+
+def test_counterexamples_torch_does_not_reproduce_are_not_claimed(monkeypatch):
+    """With an rsqrt that rounds exactly like 1/sqrt, the rule stays undecided (z3 spends
+    its work budget, or finds an f that torch does not reproduce), never a made-up
+    counterexample."""
+    _rsqrt_impl(monkeypatch, lambda x: 1 / torch.sqrt(x))
+    outcome = prove_rule(registered("rsqrt"))
+    assert outcome.startswith("not decidable here ("), outcome
 
 
 def test_index_rules_are_proved():

@@ -16,6 +16,7 @@ saturation with the existing rules puts both sides in one e-class; the rest are 
 """
 from __future__ import annotations
 
+import math
 import os
 import queue
 import time
@@ -261,7 +262,8 @@ class CandidateDag:
 
 def covered(cands: CandidateDag, pairs: list[tuple[Term, Term]], deadline: float,
             chunk: int = COVER_CHUNK) -> list[bool | None]:
-    """Per pair, whether saturation with the existing rules proves it (None: no time)."""
+    """Per pair, whether saturation with the existing rules proves it (None: no time).
+    Without a deadline (inf), saturation is bounded by iterations alone: deterministic."""
     rules = all_rules(COVER_RULESETS)
     out: list[bool | None] = []
     for start in range(0, len(pairs), chunk):
@@ -270,7 +272,8 @@ def covered(cands: CandidateDag, pairs: list[tuple[Term, Term]], deadline: float
             out += [None] * len(part)
             continue
         cands.dag.roots = [c for pair in part for c in pair]
-        snap = saturate(cands.dag, rules, Limits(iterations=6, seconds=1.0)).snapshot
+        seconds = 1.0 if deadline != math.inf else math.inf
+        snap = saturate(cands.dag, rules, Limits(iterations=6, seconds=seconds)).snapshot
         out += [snap.find(a) == snap.find(b) for a, b in part]
     return out
 
@@ -279,7 +282,7 @@ _CONTEXTS: list = []  # z3 contexts, kept for reuse: freeing one while terms in 
 
 
 def prove_pairs(cands: CandidateDag, pairs: list[tuple[Term, Term]], deadline: float,
-                prove_ms: int, workers: int) -> list[str]:
+                budget: int, workers: int) -> list[str]:
     """prove.prove_dag on each pair, in `workers` threads (z3 runs outside the GIL; each
     thread works in a z3 context of its own); pairs past the deadline stay undecided."""
     classes = [(cands.cls(a), cands.cls(b)) for a, b in pairs]  # built here, read there
@@ -291,28 +294,30 @@ def prove_pairs(cands: CandidateDag, pairs: list[tuple[Term, Term]], deadline: f
         free.put(ctx)
 
     def one(lr: tuple[int, int]) -> str:
-        left_ms = int((deadline - time.monotonic()) * 1000)
-        if left_ms <= 0:
+        if time.monotonic() > deadline:
             return BUDGET
         ctx = free.get()
         try:
             return prove.prove_dag(cands.dag, [lr[0]], [lr[1]], cands.template,
-                                   min(prove_ms, left_ms), NAMES, probe_first=False, ctx=ctx)
+                                   budget, NAMES, probe_first=False, ctx=ctx)
         finally:
             free.put(ctx)
     with ThreadPoolExecutor(workers) as pool:
         return list(pool.map(one, classes))
 
 
-def generate(max_ops: int = 3, seed: int = 0, time_budget: float = 30.0, *, max_depth: int = 2,
-             n_inputs: int = 2, constants=CONSTANTS, prove_ms: int = 300,
+def generate(max_ops: int = 3, seed: int = 0, time_budget: float | None = 30.0, *,
+             max_depth: int = 2, n_inputs: int = 2, constants=CONSTANTS,
+             prove_budget: int = prove.BUDGET // 8,
              workers: int = min(2, os.cpu_count() or 1), max_examples: int = 8) -> GenerationReport:
     """Enumerate graphs of up to `max_ops` ops and `max_depth` levels over `n_inputs`
     inputs of shape [3, 4] and 0-d `constants`, and report the candidate rules: how many
     hold on tests, are proved, and are new to the rule set. Each stage stops when
-    `time_budget` seconds have passed (the report says which)."""
+    `time_budget` seconds have passed (the report says which); with `time_budget=None`
+    nothing depends on the clock and the report is the same on every machine.
+    `prove_budget`: z3's work budget per candidate (see `prove.BUDGET`)."""
     start = time.monotonic()
-    deadline = start + time_budget
+    deadline = math.inf if time_budget is None else start + time_budget
     values = Values(sample_inputs(seed, n_inputs + 1))  # the last input: the fresh one
     groups, graphs, cut = enumerate_graphs(max_ops, max_depth, n_inputs, constants, values, deadline)
     report = GenerationReport(graphs=graphs, cut_short="enumeration" if cut else "")
@@ -334,7 +339,7 @@ def generate(max_ops: int = 3, seed: int = 0, time_budget: float = 30.0, *, max_
     stress = Values(stress_inputs(seed + 1, n_inputs))
     found = [stress.difference(a, b) for a, b in kept]
     proofs = iter(prove_pairs(cands, [p for p, f in zip(kept, found) if f is None], deadline,
-                              prove_ms, workers))
+                              prove_budget, workers))
     outcomes = [f"counterexample: {f}" if f else next(proofs) for f in found]
     report.stages["prove"] = time.monotonic() - start - sum(report.stages.values())
     report.proved_exact = sum(o == prove.PROVED for o in outcomes)
