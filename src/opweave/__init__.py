@@ -13,20 +13,22 @@ __version__ = "0.1.0"
 
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
-            loss_every=1):
+            loss_every=1, options=None):
     """Compile `model` for inference on inputs shaped like `example_inputs`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
     calling the result runs forward and backward as one graph; `loss.backward()` then
     delivers the gradients. `loss_every`: compute the loss value on every N-th call only
     (1, the default: every call; None: never); other calls return NaN as the loss, and
     skip the work only the loss needed (loss elimination).
-    `rewrite`: None (default engine, or $OPWEAVE_REWRITE), False, "eqsat", "greedy",
-    "backtrack", "off", or `opweave.passes.rewrite.pipeline.RewriteOptions`.
-    `fusion`: None (default "ilp", or $OPWEAVE_FUSION), "ilp", "greedy", "off" or False."""
+    `options`: an `opweave.Options` with every compiler option (default: read from the
+    OPWEAVE_* environment variables; see `opweave.options`).
+    `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
+    `opweave.passes.rewrite.pipeline.RewriteOptions`.
+    `fusion`: None (as in `options`), "ilp", "greedy", "off" or False."""
     from .frontends.torch_export import compile as _compile
 
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
-                    train=train, loss_every=loss_every)
+                    train=train, loss_every=loss_every, options=options)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):
@@ -37,11 +39,11 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite)
 
 
-def from_onnx(source, *, name=None, rewrite=None, fusion=None):
+def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None):
     """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays."""
     from .onnx import from_onnx as _from_onnx
 
-    return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion)
+    return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options)
 
 
 def to_onnx(graph, path=None):
@@ -59,4 +61,12 @@ def backend(gm, example_inputs, **options):
     return opweave_backend(gm, example_inputs, **options)
 
 
-__all__ = ["compile", "explain", "backend", "__version__"]
+def __getattr__(name):
+    if name == "Options":  # imported on first use: it loads the rewrite engine
+        from .options import Options
+
+        return Options
+    raise AttributeError(f"module 'opweave' has no attribute {name!r}")
+
+
+__all__ = ["compile", "explain", "backend", "from_onnx", "to_onnx", "Options", "__version__"]

@@ -49,7 +49,7 @@ def _rules(args) -> int:
     if args.prove:
         from collections import Counter
 
-        from .passes.rewrite.prove import prove_all
+        from .tools.rule_proofs import prove_all
 
         outcomes = prove_all(rules)
         kinds = Counter(o.split(":")[0].split(" (")[0] for o in outcomes.values())
@@ -58,14 +58,14 @@ def _rules(args) -> int:
             if outcome.startswith("counterexample") or args.verbose:
                 print(f"  {name}: {outcome}")
     if args.generate:
-        from .passes.rewrite.generate import generate
+        from .tools.rule_generation import generate
 
         print(generate())
     return 1 if failed else 0
 
 
 def _rewrite_report(args) -> int:
-    from .passes.rewrite.compare import compare, markdown
+    from .tools.rewrite_report import compare, markdown
 
     from . import models
 
@@ -77,7 +77,7 @@ def _rewrite_report(args) -> int:
 
 def _fusion_report(args) -> int:
     from . import models
-    from .codegen.compare import compare
+    from .tools.fusion_report import compare
 
     print(compare(args.models or list(models.BENCHMARK_SET), small=args.small))
     return 0

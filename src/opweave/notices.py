@@ -7,6 +7,11 @@ import warnings
 _WARNED: set[str] = set()
 
 
+class OpweaveFallbackWarning(UserWarning):
+    """Part of a model runs without some of opweave's work (in eager PyTorch, or with a
+    pass skipped) because opweave cannot handle it yet; the results are still right."""
+
+
 def warn_once(message: str, category: type[Warning], stacklevel: int = 3) -> None:
     """`warnings.warn(message, category)` unless this message was already given."""
     if message not in _WARNED:

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from opweave.codegen import FusionWarning, build, executor_for, lower
+from opweave.codegen import FusionWarning, build, lower
 from opweave.codegen.prelude import PRELUDE
 from opweave.codegen.render import render
 from opweave.ir import Graph, TensorType
@@ -108,7 +108,10 @@ def test_fusion_off_runs_op_by_op():
     g = Graph("off")
     x = g.add_input("x", TensorType((4, 8), torch.float32))
     g.outputs = [g.add1("relu", [g.add1("neg", [x])])]
-    ex = executor_for(g, "off")
+    from opweave.options import Options
+    from opweave.pipeline import compile_graph
+
+    ex = compile_graph(g, Options(fusion="off")).executor
     assert ex.lowered_steps is None
     with pytest.raises(ValueError, match="fusion must be one of"):
-        executor_for(g, "fast")
+        Options(fusion="fast")

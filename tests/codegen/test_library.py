@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from opweave.codegen import library, lower
+from opweave.codegen.render import FUSIBLE
 from opweave.ir import Graph, TensorType
 from opweave.runtime import Executor
 
@@ -101,7 +102,7 @@ def test_pointwise_conv_as_gemm_matches():
     from opweave.codegen.lower import _anchor_candidates
     from opweave.partition.context import Context
 
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     group = frozenset(step.nodes)
     _, candidates, ins, _ = _anchor_candidates(g, ctx, group, step.nodes, step.outputs)
     assert "onednn-gemm" in candidates

@@ -38,11 +38,11 @@ def test_opweave_compile_matches_eager_with_full_coverage(name):
 @pytest.mark.parametrize("name", MODEL_NAMES)
 def test_torch_compile_backend_matches_eager_in_inference(name):
     bench = small_model(name)
-    before = len(torch_dynamo.compiled_graphs)
+    before = torch_dynamo.compiled_graphs.mark()
     module = torch.compile(bench.module.eval(), backend="opweave")  # by entry-point name
     with torch.no_grad():
         _assert_same(module(*bench.inputs), bench.module(*bench.inputs))
-    programs = torch_dynamo.compiled_graphs[before:]
+    programs = torch_dynamo.compiled_graphs.since(before)
     assert programs, "the opweave backend was not called"
     assert sum(sum(p.coverage.supported.values()) for p in programs) > 0
 
@@ -59,9 +59,9 @@ def test_torch_compile_backend_matches_eager_gradients(name):
         return [loss.detach()] + list(torch.autograd.grad(loss, params, allow_unused=True))
 
     expected = grads(loss_module)
-    before = len(torch_dynamo.compiled_graphs)
+    before = torch_dynamo.compiled_graphs.mark()
     got = grads(torch.compile(loss_module, backend="opweave"))
-    programs = torch_dynamo.compiled_graphs[before:]
+    programs = torch_dynamo.compiled_graphs.since(before)
     assert len(programs) >= 2, "expected forward and backward graphs"
     fallbacks = [dict(p.coverage.fallback) for p in programs if p.coverage.fallback]
     assert not fallbacks, f"training graphs fell back to eager: {fallbacks}"

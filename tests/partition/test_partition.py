@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 import torch
 
+from opweave.codegen.render import FUSIBLE
 from opweave.ir import Graph, TensorType
 from opweave.partition import Role, partition
 from opweave.partition.context import Context
@@ -20,7 +21,7 @@ def _fused_ops(part) -> Counter:
 
 def test_roles_follow_mapping_types():
     g = mlp_block()
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     roles = Counter(ctx.role[n] for n in ctx.nodes)
     assert roles[Role.ANCHOR] == 2          # the two linears
     assert roles[Role.ROW_REDUCE] == 1      # layer norm
@@ -28,7 +29,7 @@ def test_roles_follow_mapping_types():
 
 
 def test_ilp_fuses_mlp_block():
-    part = partition(mlp_block(), "ilp")
+    part = partition(mlp_block(), "ilp", FUSIBLE)
     fused = _fused_ops(part)
     assert fused[("matmul", "add", "gelu")] == 1
     # the residual add joins either the second linear's post-ops or the layer norm kernel
@@ -41,19 +42,19 @@ def test_greedy_cannot_pass_an_illegal_intermediate_group():
     """matmul+add+reshape is not a legal group (an epilogue cannot end in a view), so
     greedy never reaches matmul+add+reshape+add; the ILP sees whole candidates."""
     g = mlp_block()
-    ilp, greedy = partition(g, "ilp"), partition(g, "greedy")
+    ilp, greedy = partition(g, "ilp", FUSIBLE), partition(g, "greedy", FUSIBLE)
     assert ("matmul", "add", "reshape", "add") not in _fused_ops(greedy)
     assert ilp.estimated_seconds() <= greedy.estimated_seconds() + 1e-12
 
 
 def test_row_reduction_takes_its_prologue():
-    part = partition(attention_scores(), "ilp")
+    part = partition(attention_scores(), "ilp", FUSIBLE)
     assert _fused_ops(part) == Counter({("mul", "add", "softmax"): 1})
 
 
 def test_refusals_say_why():
     g = mlp_block()
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     by_op = {}
     for n in ctx.nodes:
         by_op.setdefault(n.op, []).append(n)
@@ -72,11 +73,11 @@ def test_column_sum_joins_its_producer_but_nothing_reads_it_inside():
     b = g.add1("sum", [a], {"dims": [0, 1], "keepdim": False})
     c = g.add1("mul", [a, b])                # reads the finished sums: another kernel
     g.outputs = [c]
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     assert ctx.role[b.producer] is Role.COLUMN_SUM
     assert "read inside its kernel" in why_illegal(ctx, frozenset([a.producer, b.producer,
                                                                    c.producer]))
-    assert _fused_ops(partition(g, "ilp")) == Counter({("exp", "sum"): 1})
+    assert _fused_ops(partition(g, "ilp", FUSIBLE)) == Counter({("exp", "sum"): 1})
 
 
 def test_non_convex_group_is_refused():
@@ -87,42 +88,42 @@ def test_non_convex_group_is_refused():
     b = g.add1("sum", [a], {"dims": [1], "keepdim": False})  # dropping its axis: torch
     c = g.add1("add", [a, b])
     g.outputs = [c]
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     na, nc = a.producer, c.producer
     assert "re-enters" in why_illegal(ctx, frozenset([na, nc]))
-    part = partition(g, "ilp")
+    part = partition(g, "ilp", FUSIBLE)
     assert part.fused == []
 
 
 def test_repeated_blocks_are_solved_once():
-    part = partition(stacked_mlp(layers=4), "ilp")
+    part = partition(stacked_mlp(layers=4), "ilp", FUSIBLE)
     assert part.components >= 4
     assert part.cache_hits >= 3
 
 
 @pytest.mark.parametrize("method", ["ilp", "greedy"])
 def test_every_node_is_covered_once(method):
-    part = partition(stacked_mlp(layers=2), method)
+    part = partition(stacked_mlp(layers=2), method, FUSIBLE)
     covered = [n for g in part.groups for n in g]
     assert sorted(map(id, covered)) == sorted(map(id, part.ctx.nodes))
 
 
 def test_why_alone_names_the_blocking_reason():
     g = mlp_block()
-    part = partition(g, "ilp")
+    part = partition(g, "ilp", FUSIBLE)
     permute = next(n for n in part.ctx.nodes if n.op == "permute")
     assert part.why_alone(permute) == "a view moves no data"
 
 
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="unknown partitioner"):
-        partition(mlp_block(), "magic")
+        partition(mlp_block(), "magic", FUSIBLE)
 
 
 def test_overlong_rows_stay_in_torch():
     g = Graph("long")
     x = g.add_input("x", TensorType((2, 20000), torch.float32))
     g.outputs = [g.add1("softmax", [g.add1("exp", [x])], {"dim": 1})]
-    ctx = Context(g)
+    ctx = Context(g, FUSIBLE)
     softmax = g.outputs[0].producer
     assert ctx.role[softmax] is Role.OPAQUE and "longer than" in ctx.reason[softmax]

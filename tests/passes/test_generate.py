@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("z3")
 
-from opweave.passes.rewrite.generate import (Values, generate, redundant,  # noqa: E402
+from opweave.tools.rule_generation import (Values, generate, redundant,  # noqa: E402
                                              sample_inputs)
 
 x, y = ("input", 0), ("input", 1)

@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("z3")
 
-from opweave.passes.rewrite.prove import (PROVED, prove_all, prove_index_rules,  # noqa: E402
+from opweave.tools.rule_proofs import (PROVED, prove_all, prove_index_rules,  # noqa: E402
                                           prove_permute_permute, prove_rule)
 from opweave.passes.rewrite.rule import RULES, Rule, all_rules  # noqa: E402
 from opweave.passes.rewrite.rules._helpers import X, Y, example, op  # noqa: E402

@@ -1,6 +1,8 @@
 """The rewrite pass: e-graph, extraction, engines, and its effect on small graphs."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -58,7 +60,7 @@ def test_softmax_is_recomposed_and_scale_folded_into_a_weight():
     e = g.add1("exp", [shifted])
     g.outputs = [g.add1("div", [e, g.add1("sum", [e], {"dims": [2], "keepdim": True})])]
     new, report = rewrite(g)
-    assert new.op_counts() == {"constant": 1, "permute": 1, "matmul": 1, "softmax": 1}
+    assert new.op_counts() == {"constant": 1, "matmul": 1, "softmax": 1}
     assert {"softmax-recompose", "scale-into-linear-weight"} <= set(report.fired)
     _same_results(g, new, torch.randn(2, 8, 4))
 
@@ -86,23 +88,23 @@ def test_engine_off_returns_the_graph_itself():
 
 def test_backtracking_finds_a_cheaper_equal_graph():
     g = _qkv_graph(4, 8)
-    new, report = rewrite(g, RewriteOptions(engine="backtrack", backtrack_seconds=2.0))
+    # no deadline: the search ends when it has expanded every graph within its bound
+    new, report = rewrite(g, RewriteOptions(engine="backtrack", backtrack_seconds=math.inf))
+    assert "exhausted" in report.detail
     assert report.cost_after < report.cost_before
     assert "backtracking:" in report.detail
     verify(new)
     _same_results(g, new, torch.randn(4, 8))
 
 
-def test_options_are_validated_and_read_from_the_environment(monkeypatch):
+def test_options_are_validated():
     with pytest.raises(ValueError, match="engine"):
         RewriteOptions(engine="magic")
     with pytest.raises(ValueError, match="rule sets"):
         RewriteOptions(rulesets=("nope",))
     assert RewriteOptions.resolve(False).engine == "off"
-    monkeypatch.setenv("OPWEAVE_REWRITE", "greedy")
-    assert RewriteOptions.resolve(None).extractor == "greedy"
-    monkeypatch.setenv("OPWEAVE_REWRITE", "off")
-    assert RewriteOptions.resolve(None).engine == "off"
+    assert RewriteOptions.resolve("greedy").extractor == "greedy"
+    assert RewriteOptions.resolve(None) == RewriteOptions()
 
 
 def test_egraph_hash_conses_and_unions():

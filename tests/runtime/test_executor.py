@@ -6,7 +6,7 @@ import torch
 
 from opweave.ir import Graph, TensorType
 from opweave.runtime import Executor, InputError, plan_memory
-from opweave.runtime.memory_stats import peak_allocated_bytes
+from opweave.tools.memory_stats import peak_allocated_bytes
 
 from ..conftest import MODEL_NAMES, compiled_small, small_model
 

@@ -18,7 +18,7 @@ import torch
 
 from ..models import BenchmarkModel
 from ..models.base import disable_dropout
-from .worker import INFER, TRAIN
+from .modes import INFER, TRAIN
 
 TRAINING_LR = 1e-3
 

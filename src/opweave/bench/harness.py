@@ -18,7 +18,8 @@ import numpy as np
 
 from . import roofline
 from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
-from .worker import INFER, TRAIN, BackendUnavailable, Worker, WorkerError, WorkerSpec
+from .modes import INFER, TRAIN
+from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
 
 REFERENCE = "eager"
 DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "opweave")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..files import atomic_write_bytes
-from .worker import INFER
+from .modes import INFER
 
 CACHE_FILE = "gemm_peak.json"
 GEMM_SIZES = (512, 1024, 2048)
@@ -108,9 +108,9 @@ def model_flops(bench, mode: str) -> float:
             from ..models.base import disable_dropout
 
             loss_module = disable_dropout(copy.deepcopy(bench.loss_module).train())
-            before = len(torch_dynamo.compiled_graphs)
+            before = torch_dynamo.compiled_graphs.mark()
             torch._dynamo.reset()
             torch.compile(loss_module, backend="opweave")(*bench.inputs, bench.targets).backward()
-            graphs = [g for program in torch_dynamo.compiled_graphs[before:]
+            graphs = [g for program in torch_dynamo.compiled_graphs.since(before)
                       for g in program.graphs]
     return float(sum(graph.cost().flops for graph in graphs))

@@ -16,7 +16,7 @@ import time
 import traceback
 from dataclasses import dataclass
 
-INFER, TRAIN = "infer", "train"  # the two modes a worker measures
+from .modes import INFER
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                     "TVM_NUM_THREADS")
 
@@ -254,7 +254,7 @@ class _Session:
         the working memory, the peak of torch's allocations during it (bytes)."""
         from .memory import peak_rss_during
 
-        from ..runtime.memory_stats import peak_allocated_bytes
+        from ..tools.memory_stats import peak_allocated_bytes
 
         result = dict(peak_rss=peak_rss_during(self.prepared.step))
         if self.prepared.torch_memory:

@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import heapq
-import os
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -23,10 +21,9 @@ from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from . import build, gemm, library
-from .render import KernelSource, render
+from .render import FUSIBLE, KernelSource, render
 
 KERNELS_PER_UNIT = 16
-FUSION_MODES = ("ilp", "greedy", "off")
 
 
 class FusionWarning(UserWarning):
@@ -55,16 +52,6 @@ class Lowered:
         for s in self.steps:
             counts[s.kind] = counts.get(s.kind, 0) + 1
         return counts
-
-
-def resolve_mode(mode) -> str:
-    if mode is None:
-        mode = os.environ.get("OPWEAVE_FUSION", "ilp")
-    if mode is False:
-        mode = "off"
-    if mode not in FUSION_MODES:
-        raise ValueError(f"fusion must be one of {FUSION_MODES}, not {mode!r}")
-    return mode
 
 
 def op_step(node: Node) -> Step:
@@ -101,14 +88,15 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
     return run
 
 
-def lower(graph: Graph, mode=None, measure: bool = True) -> Lowered:
-    """`measure=False` costs anchors by the roofline and always takes the library form
-    (deterministic; tests that count kernels use it)."""
-    mode = resolve_mode(mode)
+def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
+          ilp_seconds: float = 2.0) -> Lowered:
+    """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
+    kernels. `measure=False` costs anchors by the roofline and always takes the library
+    form (deterministic; tests that count kernels use it)."""
     if mode == "off":
         return Lowered([op_step(n) for n in graph.nodes if n.op != "constant"], None)
     measured = (lambda ctx, g: measured_anchor_seconds(graph, ctx, g)) if measure else None
-    part = partition(graph, mode, anchor_seconds=measured)
+    part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured)
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []
@@ -132,7 +120,6 @@ def lower(graph: Graph, mode=None, measure: bool = True) -> Lowered:
         lowered.steps.append(step)
         pending.append((step, src))
     _build(pending, lowered)
-    _debug_dump(graph, lowered)
     return lowered
 
 
@@ -279,16 +266,3 @@ def _topological(part: Partition) -> list[frozenset[Node]]:
     if len(order) != len(part.groups):
         raise AssertionError("fusion groups depend on each other in a cycle")
     return order
-
-
-def _debug_dump(graph: Graph, lowered: Lowered) -> None:
-    """With OPWEAVE_DEBUG set, write the partition and the generated C++ for this graph."""
-    if not os.environ.get("OPWEAVE_DEBUG"):
-        return
-    root = Path(os.environ.get("OPWEAVE_DEBUG_DIR", "opweave_debug")) / graph.name
-    from ..files import atomic_write
-    from .report import partition_report
-
-    report, source = partition_report(lowered), "\n".join(s.body for s in lowered.sources)
-    atomic_write(root / "partition.txt", lambda tmp: tmp.write_text(report))
-    atomic_write(root / "kernels.cpp", lambda tmp: tmp.write_text(source))

@@ -23,7 +23,7 @@ import torch
 
 from ..ir import Graph
 from ..ir.graph import Node, Value
-from ..partition.classify import ROW_REDUCE_OPS, ROW_SUM_OPS, is_column_sum, iteration_shape
+from ..partition.classify import Fusible, is_column_sum, iteration_shape
 
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
 
@@ -126,23 +126,38 @@ def _literal(graph: Graph, v: Value) -> str | None:
     return f"{x!r}f" if "e" in repr(x) or "." in repr(x) else f"{x!r}.0f"
 
 
+_ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
+_COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_UNARY = {
+    "neg": "(-{0})", "abs": "std::fabs({0})", "exp": "ow_exp({0})", "sqrt": "std::sqrt({0})",
+    "rsqrt": "(1.0f / std::sqrt({0}))", "reciprocal": "(1.0f / {0})",
+    "sigmoid": "ow_sigmoid({0})", "tanh": "ow_tanh({0})", "erf": "ow_erf({0})",
+    "relu": "({0} < 0.0f ? 0.0f : {0})",
+    "maximum": "(({0} > {1} || {0} != {0}) ? {0} : {1})",
+    "minimum": "(({0} < {1} || {0} != {0}) ? {0} : {1})",
+    "where": "({0} ? {1} : {2})", "pow": "std::pow({0}, {1})",
+}
+ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
+# Plain reductions along the last axis (keeping it, as size 1): the decomposed backward
+# of softmax, log-softmax and layer norm is made of them.
+ROW_SUM_OPS = frozenset({"sum", "mean"})
+# What this generator can emit; the partitioner forms groups from exactly this.
+FUSIBLE = Fusible(
+    pointwise=frozenset(_ARITHMETIC) | frozenset(_UNARY) | {"gelu", "clamp"},
+    compare=frozenset(_COMPARE),
+    row_reduce=ROW_REDUCE_OPS,
+    row_sum=ROW_SUM_OPS,
+    max_row=16384,  # a row reduction keeps one row in a stack buffer (64 KiB)
+)
+
+
 def _formula(node: Node, a: list[str]) -> str:
     op = node.op
-    binary = {"add": "+", "sub": "-", "mul": "*", "div": "/", "lt": "<", "le": "<=", "gt": ">",
-              "ge": ">=", "eq": "==", "ne": "!="}
-    if op in binary:
-        return f"({a[0]} {binary[op]} {a[1]})"
-    simple = {
-        "neg": "(-{0})", "abs": "std::fabs({0})", "exp": "ow_exp({0})", "sqrt": "std::sqrt({0})",
-        "rsqrt": "(1.0f / std::sqrt({0}))", "reciprocal": "(1.0f / {0})",
-        "sigmoid": "ow_sigmoid({0})", "tanh": "ow_tanh({0})", "erf": "ow_erf({0})",
-        "relu": "({0} < 0.0f ? 0.0f : {0})",
-        "maximum": "(({0} > {1} || {0} != {0}) ? {0} : {1})",
-        "minimum": "(({0} < {1} || {0} != {0}) ? {0} : {1})",
-        "where": "({0} ? {1} : {2})", "pow": "std::pow({0}, {1})",
-    }
-    if op in simple:
-        return simple[op].format(*a)
+    binary = _ARITHMETIC.get(op) or _COMPARE.get(op)
+    if binary:
+        return f"({a[0]} {binary} {a[1]})"
+    if op in _UNARY:
+        return _UNARY[op].format(*a)
     if op == "gelu":
         if node.attrs["approximate"] == "tanh":
             return (f"(0.5f * {a[0]} * (1.0f + ow_tanh(0.7978845608028654f * "

@@ -16,16 +16,14 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ..ir import Graph, ShapeError, verify
+from ..ir import Graph, ShapeError
 from ..ir.graph import Value
-from ..notices import warn_once
+from ..notices import OpweaveFallbackWarning, warn_once
+from ..options import Options
+from ..pipeline import CompiledGraph, compile_graph
 from ..runtime import Executor
 from . import aten_table  # noqa: F401  (fills the lowering table)
 from .lowering import TABLE, LoweringContext, Unsupported, fx_value, tensor_type
-
-
-class OpweaveFallbackWarning(UserWarning):
-    """Some ops of a model run in eager PyTorch because opweave cannot lower them yet."""
 
 
 @dataclass
@@ -103,6 +101,7 @@ def _check_against_example(node: fx.Node, result) -> None:
 @dataclass
 class _Segment:
     nodes: list[fx.Node]
+    compiled: CompiledGraph | None = None
     executor: Executor | None = None
     inputs: list[fx.Node] = field(default_factory=list)
     outputs: list[fx.Node] = field(default_factory=list)
@@ -112,15 +111,10 @@ class CompiledProgram:
     """The split graph, callable like the FX graph it came from."""
 
     def __init__(self, gm: fx.GraphModule, constants: dict[fx.Node, torch.Tensor] | None = None,
-                 name: str = "graph", verify_each: bool = True, rewrite=None, fusion=None):
-        from ..codegen import resolve_mode
-        from ..passes.rewrite.pipeline import RewriteOptions
-
+                 name: str = "graph", options: Options | None = None):
         self.gm = gm
         self.name = name
-        self.rewrite_options = RewriteOptions.resolve(rewrite)
-        self.fusion = resolve_mode(fusion)
-        self.rewrites = []  # one RewriteReport per segment
+        self.options = Options.resolve(options)
         graph = gm.graph
         self.constants = dict(constants or {})
         # The runtime arguments: placeholders not bound to constants, in order.
@@ -146,7 +140,7 @@ class CompiledProgram:
                     self.coverage.fallback[name_] += 1
                     self.coverage.reasons.setdefault(name_, reasons.get(node, ""))
         self.output_node = next(n for n in graph.nodes if n.op == "output")
-        self._build_segments(verify_each)
+        self._build_segments()
         self._plan_frees()
 
     # -- classification ------------------------------------------------------------------
@@ -178,7 +172,7 @@ class CompiledProgram:
         return supported, reasons
 
     # -- segments --------------------------------------------------------------------------
-    def _build_segments(self, verify_each: bool) -> None:
+    def _build_segments(self) -> None:
         position = {}
         for i, step in enumerate(self.steps):
             for node in (step.nodes if isinstance(step, _Segment) else [step]):
@@ -192,11 +186,14 @@ class CompiledProgram:
                 if dep not in members and dep not in self.constants))
             step.outputs = [n for n in step.nodes
                             if any(u not in members for u in n.users)]
-            step.executor = self._lower_segment(step, f"{self.name}_{i}", verify_each)
+            step.compiled = compile_graph(self._lower_segment(step, f"{self.name}_{i}"),
+                                          self.options)
+            step.executor = step.compiled.executor
             self.coverage.segments += 1
             self.coverage.ir_nodes += len(step.executor.graph.nodes)
 
-    def _lower_segment(self, segment: _Segment, name: str, verify_each: bool) -> Executor:
+    def _lower_segment(self, segment: _Segment, name: str) -> Graph:
+        """The segment's FX nodes as one IR graph (the pipeline does the rest)."""
         ctx = LoweringContext(Graph(name), self.constants)
         for dep in segment.inputs:
             ctx.values[dep] = ctx.graph.add_input(dep.name, tensor_type(fx_value(dep)))
@@ -211,24 +208,7 @@ class CompiledProgram:
             outputs.append(value)
         ctx.graph.outputs = outputs
         ctx.graph.remove_dead()
-        if verify_each:
-            verify(ctx.graph)
-        from ..codegen import executor_for
-
-        return executor_for(self._rewrite(ctx.graph), self.fusion)
-
-    def _rewrite(self, graph: Graph) -> Graph:
-        """The graph after the rewrite pass; the graph as it was if the pass fails."""
-        from ..passes.rewrite.pipeline import rewrite
-
-        try:
-            new, report = rewrite(graph, self.rewrite_options)
-        except Exception as err:  # a rewrite bug must not cost the user their model
-            _warn_once(f"opweave's rewrite pass failed on {graph.name} and was skipped: "
-                       f"{type(err).__name__}: {err}")
-            return graph
-        self.rewrites.append(report)
-        return new
+        return ctx.graph
 
     def _plan_frees(self) -> None:
         """After each step, which FX values nobody later needs (dropped to free memory)."""
@@ -269,6 +249,15 @@ class CompiledProgram:
     @property
     def graphs(self) -> list[Graph]:
         return [s.executor.graph for s in self.steps if isinstance(s, _Segment)]
+
+    @property
+    def compiled_graphs(self) -> list[CompiledGraph]:
+        return [s.compiled for s in self.steps if isinstance(s, _Segment)]
+
+    @property
+    def rewrites(self) -> list:
+        """The rewrite pass's report for each segment it ran on."""
+        return [r for c in self.compiled_graphs for r in [c.report("rewrite")] if r is not None]
 
     def warn_fallbacks(self) -> None:
         if self.coverage.fallback:

@@ -14,6 +14,7 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from ..options import Options
 from .decompositions import decomposition_table
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
 
@@ -75,15 +76,17 @@ def _capture_make_fx(model, example_inputs):
 
 def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
             name: str | None = None, rewrite=None, fusion=None, train: bool = False,
-            loss_every: int | None = 1):
-    """Compile `model` for inference on inputs shaped like `example_inputs`. `rewrite`:
-    None (the default engine, or OPWEAVE_REWRITE), False, an engine name or options.
-    With `train=True`, `model(*inputs)` must return a scalar loss; see `training`."""
+            loss_every: int | None = 1, options: Options | None = None):
+    """Compile `model` for inference on inputs shaped like `example_inputs`. `options`:
+    an `opweave.Options` (default: from the environment); `rewrite` and `fusion`
+    override its fields. With `train=True`, `model(*inputs)` must return a scalar loss;
+    see `training`."""
     name = name or type(model).__name__
+    options = Options.resolve(options, rewrite=rewrite, fusion=fusion)
     if train:
         from .training import TrainingModel
 
-        return TrainingModel(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
+        return TrainingModel(model, example_inputs, name=name, options=options,
                              loss_every=loss_every)
     errors = []
     for capture, fn in (("export", _capture_export), ("make_fx", _capture_make_fx)):
@@ -92,7 +95,7 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         except Exception as err:  # capture failures are reported, never fatal
             errors.append(f"{capture}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
             continue
-        program = CompiledProgram(gm, constants, name=name, rewrite=rewrite, fusion=fusion)
+        program = CompiledProgram(gm, constants, name=name, options=options)
         program.warn_fallbacks()
         if errors:
             warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),

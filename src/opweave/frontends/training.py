@@ -24,6 +24,7 @@ import torch.fx as fx
 
 from .decompositions import decomposition_table
 from ..notices import warn_once
+from ..options import Options
 from .program import CompiledProgram, OpweaveFallbackWarning
 
 
@@ -188,7 +189,7 @@ class _JointStep:
             # the IR takes sparse operands only as constants.
             constants = {node: b for node, b in zip(buffer_nodes, self.buffers) if b.is_sparse}
             program = CompiledProgram(gm, constants, name=f"{self.name}_train{suffix}",
-                                      **self.options)
+                                      options=self.options)
             program.warn_fallbacks()
             self.programs[with_loss] = program
         return self.programs[with_loss]
@@ -214,14 +215,14 @@ class TrainingModel:
     """A model compiled for training; `model(*inputs)` returns the loss (see module doc).
     Inputs of new shapes (a smaller last batch) compile the step again, once per shape."""
 
-    def __init__(self, model: torch.nn.Module, example_inputs, *, name: str, rewrite=None,
-                 fusion=None, loss_every: int | None = 1):
+    def __init__(self, model: torch.nn.Module, example_inputs, *, name: str,
+                 options: Options | None = None, loss_every: int | None = 1):
         if loss_every is not None and (not isinstance(loss_every, int) or loss_every < 1):
             raise ValueError(f"loss_every must be a positive int or None, not {loss_every!r}")
         self.model = model
         self.name = name
         self.loss_every = loss_every
-        self._options = dict(rewrite=rewrite, fusion=fusion)
+        self._options = Options.resolve(options)
         self._steps: dict[tuple, _JointStep | None] = {}  # None: runs in eager
         self.calls = 0
         self.training = model.training  # the mode the graph was captured in

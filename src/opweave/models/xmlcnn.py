@@ -15,6 +15,7 @@ import copy
 import torch
 import torch.nn.functional as F
 
+from ..ir.ops.nn import chunk_positions
 from .base import BenchmarkModel
 
 
@@ -51,19 +52,6 @@ class XMLCNN(torch.nn.Module):
         twin._modules = dict(self._modules)
         twin.pooling = "gather"
         return twin
-
-
-def chunk_positions(length: int, chunks: int, device=None) -> torch.Tensor:
-    """[chunks, widest] positions of each adaptive-pooling window over `length` items.
-
-    Window i is [floor(i*L/C), ceil((i+1)*L/C)), as in adaptive pooling; shorter windows
-    repeat their last position, which leaves their maximum unchanged.
-    """
-    starts = [i * length // chunks for i in range(chunks)]
-    ends = [-(-(i + 1) * length // chunks) for i in range(chunks)]
-    widest = max(e - s for s, e in zip(starts, ends))
-    rows = [[min(s + j, e - 1) for j in range(widest)] for s, e in zip(starts, ends)]
-    return torch.tensor(rows, dtype=torch.long, device=device)
 
 
 class MultiLabelLoss(torch.nn.Module):

@@ -205,7 +205,7 @@ def _write_node(w: _Writer, node: Node) -> None:
 def _adaptive_max_pool(w: _Writer, node: Node, x: str, out: str) -> None:
     """Each axis in turn: gather every window's positions, then the max over them
     (max is separable, so rows then columns gives the window maximum)."""
-    from ..models.xmlcnn import chunk_positions
+    from ..ir.ops.nn import chunk_positions
 
     shape = node.inputs[0].type.shape
     current = x

@@ -10,7 +10,8 @@ import torch
 
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from ..codegen import executor_for
+from ..options import Options
+from ..pipeline import compile_graph
 from ..runtime.executor import Executor
 from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
@@ -50,12 +51,9 @@ class OnnxModel:
     of shapes is lowered and compiled once.
     """
 
-    def __init__(self, source, name: str | None = None, rewrite=None, fusion=None):
-        from ..codegen import resolve_mode
-        from ..passes.rewrite.pipeline import RewriteOptions
-
-        self.rewrite_options = RewriteOptions.resolve(rewrite)
-        self.fusion = resolve_mode(fusion)
+    def __init__(self, source, name: str | None = None, rewrite=None, fusion=None,
+                 options: Options | None = None):
+        self.options = Options.resolve(options, rewrite=rewrite, fusion=fusion)
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -133,25 +131,13 @@ class OnnxModel:
             self._initializers = decode_initializers(self.model)
         lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx",
                             initializers=self._initializers)
-        graph = self._rewrite(lowering.lower(types, values))
+        compiled = compile_graph(lowering.lower(types, values), self.options)
         runtime = [n for n in self.input_names if n not in values]
-        self._cache[key] = _Specialization(graph, executor_for(graph, self.fusion), runtime,
-                                           _storages(graph.constants.values()))
+        self._cache[key] = _Specialization(compiled.graph, compiled.executor, runtime,
+                                           _storages(compiled.graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
         return self._cache[key]
-
-    def _rewrite(self, graph: Graph) -> Graph:
-        from ..passes.rewrite.pipeline import rewrite
-
-        try:
-            return rewrite(graph, self.rewrite_options)[0]
-        except Exception as err:  # a rewrite bug must not cost the user their model
-            import warnings
-
-            warnings.warn(f"opweave's rewrite pass failed on {self.label} and was skipped: "
-                          f"{type(err).__name__}: {err}", RuntimeWarning, stacklevel=3)
-            return graph
 
     def graph(self, dims: dict[str, int] | None = None,
               values: dict | None = None) -> Graph:
@@ -195,7 +181,8 @@ class OnnxModel:
         return arrays
 
 
-def from_onnx(source, name: str | None = None, rewrite=None, fusion=None) -> OnnxModel:
-    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `rewrite` and
-    `fusion` as in `opweave.compile`."""
-    return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion)
+def from_onnx(source, name: str | None = None, rewrite=None, fusion=None,
+              options: Options | None = None) -> OnnxModel:
+    """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `options`,
+    `rewrite` and `fusion` as in `opweave.compile`."""
+    return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion, options=options)

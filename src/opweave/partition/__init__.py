@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..ir import Graph
 from ..ir.graph import Node
 from . import greedy, ilp
-from .classify import Role
+from .classify import Fusible, Role
 from .components import TooManyCandidates, candidates, components, neighbours, structural_key
 from .context import Context
 from .cycles import find_cycle
@@ -22,7 +22,8 @@ from .legality import why_illegal
 from .policy import group_seconds
 
 METHODS = ("ilp", "greedy")
-_SOLVED: dict[tuple[str, str], list[tuple[int, ...]]] = {}  # (method, key) -> local groups
+# (method, cost source, capabilities, component key) -> groups by position in the component
+_SOLVED: dict[tuple, list[tuple[int, ...]]] = {}
 
 
 @dataclass
@@ -70,20 +71,25 @@ def clear_cache() -> None:
     _SOLVED.clear()
 
 
-def partition(graph: Graph, method: str = "ilp", ilp_seconds: float = 2.0,
+def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 2.0,
               anchor_seconds=None) -> Partition:
-    """`anchor_seconds(ctx, group)`, if given, is the measured time of a group holding a
-    library call (codegen measures the candidates per shape); otherwise the roofline."""
+    """Groups of `graph` that run as one kernel, given what the code generator can fuse
+    (`fusible`). `anchor_seconds(ctx, group)`, if given, is the measured time of a group
+    holding a library call (codegen measures the candidates per shape); otherwise the
+    roofline."""
     if method not in METHODS:
         raise ValueError(f"unknown partitioner {method!r}; choose one of {METHODS}")
     start = time.perf_counter()
-    ctx = Context(graph, anchor_seconds)
+    ctx = Context(graph, fusible, anchor_seconds)
     adj = neighbours(ctx)
     comps = components(ctx, adj)
     group_of: dict[Node, frozenset[Node]] = {}
     result = Partition(ctx, [], method, components=len(comps))
     for comp in comps:
-        key = (method, structural_key(ctx, comp))
+        # every input of the solution: the same component costed by measurement or by the
+        # roofline, or with other fusible ops, may be covered differently
+        key = (method, anchor_seconds is not None, fusible, ilp_seconds,
+               structural_key(ctx, comp))
         if key in _SOLVED:
             result.cache_hits += 1
             chosen = [frozenset(comp[i] for i in local) for local in _SOLVED[key]]
@@ -125,4 +131,4 @@ def _break_cycles(ctx, groups, notes):
         groups = groups[:worst] + [frozenset([n]) for n in groups[worst]] + groups[worst + 1:]
 
 
-__all__ = ["Partition", "partition", "METHODS", "Role"]
+__all__ = ["Partition", "partition", "METHODS", "Role", "Fusible"]

@@ -16,6 +16,7 @@ Each role comes with the reason a node is not more fusible, for `OPWEAVE_DEBUG` 
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 
 import torch
 
@@ -23,18 +24,20 @@ from ..ir import Graph, MappingType
 from ..ir.graph import Node
 from ..ir.ops.reduction import column_sum_axes
 
-# One-to-one ops the C++ generator implements (codegen/cpp/render.py has their formulas).
-CPP_POINTWISE = frozenset({
-    "add", "sub", "mul", "div", "neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal",
-    "sigmoid", "tanh", "erf", "relu", "gelu", "clamp", "maximum", "minimum", "where", "pow",
-})
-# Comparisons of floats, producing bool: relu's backward is where(x <= 0, 0, grad).
-CPP_COMPARE = frozenset({"lt", "le", "gt", "ge", "eq", "ne"})
-ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
-# Plain reductions along the last axis (keeping it, as size 1): the decomposed backward
-# of softmax, log-softmax and layer norm is made of them.
-ROW_SUM_OPS = frozenset({"sum", "mean"})
-MAX_ROW = 16384  # a generated row reduction keeps one row in a stack buffer (64 KiB)
+# Reductions whose input, not output, is the loop a kernel runs (see iteration_shape).
+_SUM_OPS = frozenset({"sum", "mean"})
+
+
+@dataclass(frozen=True)
+class Fusible:
+    """What a code generator can put in a generated kernel; the generator declares it
+    (codegen.render.FUSIBLE) and the partitioner asks, so the two never disagree."""
+
+    pointwise: frozenset[str]    # one-to-one float32 ops with a formula
+    compare: frozenset[str]      # float32 comparisons producing bool
+    row_reduce: frozenset[str]   # reductions along the last axis mapped back onto it
+    row_sum: frozenset[str]      # plain sums along the last axis (kept) or columns
+    max_row: int                 # longest row a generated row reduction holds
 
 
 class Role(enum.Enum):
@@ -70,13 +73,14 @@ def linear_weight(graph: Graph, node: Node) -> torch.Tensor | None:
     return constant_of(graph, w)
 
 
-def classify(graph: Graph, node: Node) -> tuple[Role, str]:
-    """The node's role and, for anything less than fully fusible, why."""
+def classify(graph: Graph, node: Node, fusible: Fusible) -> tuple[Role, str]:
+    """The node's role under what `fusible` can generate and, for anything less than
+    fully fusible, why."""
     op = node.op
     if node.opdef.is_view:
         return Role.VIEW, "a view moves no data"
     floats = all(v.type.dtype == torch.float32 for v in node.outputs)
-    if op in CPP_COMPARE and all(v.type.dtype == torch.float32 for v in node.inputs):
+    if op in fusible.compare and all(v.type.dtype == torch.float32 for v in node.inputs):
         return Role.POINTWISE, ""
     if not floats:
         return Role.OPAQUE, f"{op} produces {node.outputs[0].type.dtype}, kernels are float32"
@@ -90,14 +94,14 @@ def classify(graph: Graph, node: Node) -> tuple[Role, str]:
         if len(node.inputs) > 2 and constant_of(graph, node.inputs[2]) is None:
             return Role.OPAQUE, "convolution bias is not constant"
         return Role.ANCHOR, ""
-    if op in ROW_REDUCE_OPS:
-        return _row_reduce_role(node)
-    if op in ROW_SUM_OPS:
+    if op in fusible.row_reduce:
+        return _row_reduce_role(node, fusible.max_row)
+    if op in fusible.row_sum:
         return _row_sum_role(node)
     if node.opdef.mapping is not MappingType.ONE_TO_ONE or node.opdef.is_random:
         return Role.OPAQUE, f"{op} is {node.opdef.mapping.value}"
-    if op not in CPP_POINTWISE:
-        return Role.OPAQUE, f"no C++ formula for {op}"
+    if op not in fusible.pointwise:
+        return Role.OPAQUE, f"no generated formula for {op}"
     if op == "div" and node.attrs["rounding"] != "none":
         return Role.OPAQUE, "rounding division"
     for v in node.inputs:
@@ -109,12 +113,12 @@ def classify(graph: Graph, node: Node) -> tuple[Role, str]:
     return Role.POINTWISE, ""
 
 
-def _row_reduce_role(node: Node) -> tuple[Role, str]:
+def _row_reduce_role(node: Node, max_row: int) -> tuple[Role, str]:
     x = node.inputs[0]
     if any(v.type.dtype != torch.float32 for v in node.inputs):
         return Role.OPAQUE, "row reductions are generated for float32"
-    if x.type.rank == 0 or x.type.shape[-1] > MAX_ROW:
-        return Role.OPAQUE, f"rows longer than {MAX_ROW} elements stay in torch"
+    if x.type.rank == 0 or x.type.shape[-1] > max_row:
+        return Role.OPAQUE, f"rows longer than {max_row} elements stay in torch"
     if node.op == "layer_norm":
         if len(node.attrs["normalized_shape"]) != 1:
             return Role.OPAQUE, "layer norm over more than the last axis"
@@ -146,10 +150,10 @@ def is_column_sum(node: Node) -> bool:
 
 def iteration_shape(node: Node) -> tuple[int, ...]:
     """The shape a kernel containing `node` loops over: a sum loops over its input."""
-    if node.op in ROW_SUM_OPS:
+    if node.op in _SUM_OPS:
         return tuple(node.inputs[0].type.shape)
     return tuple(node.outputs[0].type.shape)
 
 
-def roles(graph: Graph) -> dict[Node, tuple[Role, str]]:
-    return {n: classify(graph, n) for n in graph.nodes if n.op != "constant"}
+def roles(graph: Graph, fusible: Fusible) -> dict[Node, tuple[Role, str]]:
+    return {n: classify(graph, n, fusible) for n in graph.nodes if n.op != "constant"}

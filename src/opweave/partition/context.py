@@ -3,22 +3,23 @@ from __future__ import annotations
 
 from ..ir import Graph
 from ..ir.graph import Node, Value
-from .classify import Role, classify
+from .classify import Fusible, Role, classify
 
 
 class Context:
     """Per-graph tables. Reachability is kept as Python ints used as bitsets over node
     positions, so a group's convexity test is a few big-integer operations."""
 
-    def __init__(self, graph: Graph, anchor_seconds=None):
+    def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None):
         self.graph = graph
+        self.fusible = fusible
         self.anchor_seconds = anchor_seconds
         self.nodes = [n for n in graph.nodes if n.op != "constant"]
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.role: dict[Node, Role] = {}
         self.reason: dict[Node, str] = {}
         for n in self.nodes:
-            self.role[n], self.reason[n] = classify(graph, n)
+            self.role[n], self.reason[n] = classify(graph, n, fusible)
         self.users: dict[Value, list[Node]] = {}
         for n in graph.nodes:
             for v in n.inputs:

@@ -18,6 +18,9 @@ SCALE = 1e6       # seconds -> microseconds in the objective
 MAX_ROUNDS = 20   # lazy cycle cuts before giving up on the ILP for this component
 
 
+MAX_MIP_NODES = 20_000  # branch-and-bound nodes per solve
+
+
 class IlpFailed(Exception):
     pass
 
@@ -31,6 +34,7 @@ def solve(ctx: Context, comp: list[Node], cands: list[frozenset[Node]], costs: l
     h.setOptionValue("threads", 1)
     h.setOptionValue("mip_rel_gap", 0.0)
     h.setOptionValue("time_limit", float(seconds))
+    h.setOptionValue("mip_max_nodes", MAX_MIP_NODES)  # a count: decides alike on any machine
     n = len(cands)
     cols = np.arange(n, dtype=np.int32)
     h.addVars(n, np.zeros(n), np.ones(n))

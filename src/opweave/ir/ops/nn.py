@@ -99,3 +99,16 @@ def _dropout_dtype(ins, attrs):
 define("dropout", 1, MappingType.ONE_TO_ONE, lambda ins, a: [ins[0].shape, ins[0].shape],
        _dropout_dtype, _dropout, attrs={"p": Attr("float")},
        flops=lambda ins, outs, a: 2 * ins[0].numel, is_random=True)
+
+
+def chunk_positions(length: int, chunks: int, device=None) -> torch.Tensor:
+    """[chunks, widest] positions of each adaptive-pooling window over `length` items.
+
+    Window i is [floor(i*L/C), ceil((i+1)*L/C)), as in adaptive pooling; shorter windows
+    repeat their last position, which leaves their maximum unchanged.
+    """
+    starts = [i * length // chunks for i in range(chunks)]
+    ends = [-(-(i + 1) * length // chunks) for i in range(chunks)]
+    widest = max(e - s for s, e in zip(starts, ends))
+    rows = [[min(s + j, e - 1) for j in range(widest)] for s, e in zip(starts, ends)]
+    return torch.tensor(rows, dtype=torch.long, device=device)

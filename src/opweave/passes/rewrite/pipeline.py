@@ -3,18 +3,18 @@ report of what happened (rules that fired where, estimated cost, time spent).
 
 Engines: `eqsat` (equality saturation in egglog, then ILP extraction with greedy
 extraction as seed and fallback), `backtrack` (TASO's cost-bounded search, kept as the
-comparator), `off`. `OPWEAVE_REWRITE` overrides the default engine.
+comparator), `off`. `opweave.options.Options` carries these options (and reads
+OPWEAVE_REWRITE); the pass itself reads no environment.
 """
 from __future__ import annotations
 
-import os
+import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ...cost import node_seconds
 from ...ir import Graph, verify
-from ..gemm_layout import transpose_gemm_weights
 from . import extract
 from .rule import RULESETS, all_rules
 from .saturate import Limits, saturate
@@ -51,16 +51,23 @@ class RewriteOptions:
 
     @staticmethod
     def resolve(value: "RewriteOptions | str | bool | None") -> "RewriteOptions":
-        """Options from what a user passed (`rewrite=` on compile), then the environment:
-        OPWEAVE_REWRITE=off|eqsat|backtrack|greedy (greedy: eqsat with greedy extraction)."""
+        """Options from what a user passed (`rewrite=` on compile): options, False, None
+        (the default engine), or an engine name (greedy: eqsat with greedy extraction)."""
         if isinstance(value, RewriteOptions):
             return value
         if value is False:
             return RewriteOptions(engine="off")
-        name = value if isinstance(value, str) else os.environ.get("OPWEAVE_REWRITE", "eqsat")
-        if name == "greedy":
+        if value is None or value is True:
+            return RewriteOptions()
+        if value == "greedy":
             return RewriteOptions(extractor="greedy")
-        return RewriteOptions(engine=name)
+        return RewriteOptions(engine=value)
+
+    def without_deadlines(self) -> "RewriteOptions":
+        """Saturation bounded by iterations and e-nodes, extraction solved to the end,
+        backtracking by its expansion count: the same graph on any machine."""
+        return replace(self, limits=replace(self.limits, seconds=math.inf),
+                       ilp_seconds=math.inf, backtrack_seconds=math.inf)
 
 
 @dataclass
@@ -136,7 +143,6 @@ def rewrite(graph: Graph, options: RewriteOptions = RewriteOptions()) -> tuple[G
         return graph, report
     new = to_graph(choice, roots, graph, store)
     new.remove_dead()
-    transpose_gemm_weights(new)
     verify(new)
     report.fired = _fired(choice, roots, store)
     report.nodes_after = len(new.nodes)

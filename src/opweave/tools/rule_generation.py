@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...ir import Graph, TensorType, registry
-from . import prove
-from .rule import Builder, all_rules
-from .saturate import Limits, saturate
-from .term import ENode, Store, TermDag
+from ..ir import Graph, TensorType, registry
+from . import rule_proofs as prove
+from ..passes.rewrite.rule import Builder, all_rules
+from ..passes.rewrite.saturate import Limits, saturate
+from ..passes.rewrite.term import ENode, Store, TermDag
 
 SHAPE = (3, 4)
 NAMES = ("x", "y", "z")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .pipeline import RewriteOptions
+from ..passes.rewrite.pipeline import RewriteOptions
 
 
 @dataclass
@@ -28,8 +28,8 @@ class EngineRow:
 
 def compare(model_names, *, small: bool = False, engines=("eqsat", "greedy", "backtrack"),
             backtrack_seconds: float = 10.0) -> list[EngineRow]:
-    from ... import compile as opweave_compile
-    from ... import models
+    from .. import compile as opweave_compile
+    from .. import models
 
     rows = []
     for name in model_names:

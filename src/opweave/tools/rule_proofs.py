@@ -26,10 +26,10 @@ import struct
 import numpy as np
 import torch
 
-from ...ir import Graph
-from .rule import Example, Reject, Rule, all_rules
-from .soundness import example_dag, rewrite_example, run
-from .term import TermDag, thaw
+from ..ir import Graph
+from ..passes.rewrite.rule import Example, Reject, Rule, all_rules
+from ..passes.rewrite.soundness import example_dag, rewrite_example, run
+from ..passes.rewrite.term import TermDag, thaw
 
 try:
     import z3

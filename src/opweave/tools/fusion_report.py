@@ -5,6 +5,7 @@ import warnings
 
 import torch
 
+from ..codegen.render import FUSIBLE
 from ..partition import clear_cache, partition
 
 
@@ -24,10 +25,10 @@ def compare(model_names, small: bool = False) -> str:
             warnings.simplefilter("ignore")
             graphs = compile_model(bench.module.eval(), bench.inputs, fusion="off").graphs
         for g in graphs:  # measure every anchor candidate first: solve times exclude it
-            partition(g, "ilp", anchor_seconds=_measured(g))
+            partition(g, "ilp", FUSIBLE, anchor_seconds=_measured(g))
         for method in ("ilp", "greedy"):
             clear_cache()
-            parts = [partition(g, method, anchor_seconds=_measured(g)) for g in graphs]
+            parts = [partition(g, method, FUSIBLE, anchor_seconds=_measured(g)) for g in graphs]
             fused = sum(len(p.fused) for p in parts)
             steps = sum(len(p.groups) for p in parts)
             nodes = sum(len(p.ctx.nodes) for p in parts)
@@ -42,6 +43,6 @@ def compare(model_names, small: bool = False) -> str:
 
 
 def _measured(graph):
-    from .lower import measured_anchor_seconds
+    from ..codegen.lower import measured_anchor_seconds
 
     return lambda ctx, group: measured_anchor_seconds(graph, ctx, group)

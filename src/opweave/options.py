@@ -1,0 +1,100 @@
+"""Every compiler option in one frozen value, and the one place the environment is read.
+
+`Options.resolve(...)` is how each entry point (opweave.compile, the Dynamo backend,
+from_onnx, training) turns what a user passed into options: explicit arguments first,
+then the environment (`OPWEAVE_*`, read here and nowhere else), then the defaults.
+Every value is validated with an error that names the option and what it accepts.
+
+Environment variables:
+  OPWEAVE_REWRITE        eqsat | greedy (eqsat with greedy extraction) | backtrack | off
+  OPWEAVE_FUSION         ilp | greedy | off
+  OPWEAVE_MEASURE        1 (default) | 0: choose library forms by the cost model, not by timing
+  OPWEAVE_DETERMINISTIC  0 (default) | 1: no wall-clock deadlines in the solvers
+  OPWEAVE_VERIFY         1 (default) | 0: skip verifying the IR after each pass
+  OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
+                         and the generated C++ under OPWEAVE_DEBUG_DIR (default ./opweave_debug)
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Mapping
+
+from .passes.rewrite.pipeline import RewriteOptions
+
+FUSION_MODES = ("ilp", "greedy", "off")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What one compile does. Build with `Options.resolve(...)`; derive with `replace`."""
+
+    rewrite: RewriteOptions = field(default_factory=RewriteOptions)
+    fusion: str = "ilp"
+    # choose between library forms (oneDNN, MKL, reference ops) by timing them here
+    measure: bool = True
+    # no wall-clock deadline decides anything (saturation, extraction, partition ILP)
+    deterministic: bool = False
+    verify: bool = True               # verify the IR after every pass
+    debug_dir: str | None = None      # dump the IR after every pass here
+    partition_seconds: float = 2.0    # the fusion ILP's deadline per component
+
+    def __post_init__(self):
+        _choice("fusion", self.fusion, FUSION_MODES)
+        if not isinstance(self.rewrite, RewriteOptions):
+            raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
+        if self.deterministic and (self.rewrite.limits.seconds != math.inf
+                                   or self.partition_seconds != math.inf):
+            object.__setattr__(self, "rewrite", self.rewrite.without_deadlines())
+            object.__setattr__(self, "partition_seconds", math.inf)
+
+    @classmethod
+    def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
+                env: Mapping[str, str] | None = None) -> "Options":
+        """`options` as given, or built from the environment; `rewrite=` and `fusion=`
+        (the keyword arguments of opweave.compile) override either."""
+        env = os.environ if env is None else env
+        if options is None:
+            options = cls.from_env(env)
+        elif not isinstance(options, Options):
+            raise TypeError(f"options must be opweave.Options, not {type(options).__name__}")
+        changes = {}
+        if rewrite is not None:
+            changes["rewrite"] = RewriteOptions.resolve(rewrite)
+            if options.deterministic:
+                changes["rewrite"] = changes["rewrite"].without_deadlines()
+        if fusion is not None:
+            changes["fusion"] = "off" if fusion is False else fusion
+        return replace(options, **changes) if changes else options
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Options":
+        env = os.environ if env is None else env
+        debug = env.get("OPWEAVE_DEBUG", "")
+        return cls(rewrite=RewriteOptions.resolve(env.get("OPWEAVE_REWRITE") or "eqsat"),
+                   fusion=env.get("OPWEAVE_FUSION", "") or "ilp",
+                   measure=_flag(env, "OPWEAVE_MEASURE", True),
+                   deterministic=_flag(env, "OPWEAVE_DETERMINISTIC", False),
+                   verify=_flag(env, "OPWEAVE_VERIFY", True),
+                   debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
+                   if debug not in ("", "0") else None)
+
+
+def _choice(what: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{what} must be one of {', '.join(allowed)}; got {value!r}")
+
+
+def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    text = env.get(name, "").strip().lower()
+    if text == "":
+        return default
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"${name} must be 0 or 1; got {env[name]!r}")
+
+
+__all__ = ["Options", "RewriteOptions", "FUSION_MODES"]

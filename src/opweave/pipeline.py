@@ -1,0 +1,194 @@
+"""The compiler's pipeline, in one place. Every frontend (torch.export, Dynamo, training,
+ONNX) only captures its model and lowers it to IR graphs; each graph then goes through
+`compile_graph`:
+
+    verify -> rewrite -> gemm-layout -> lower (fusion partition + kernels) -> Executor
+
+A graph pass is a `Pass`: a name and `run(graph, options) -> (graph, detail)`, where
+`detail` is the pass's own report. `PassRun` applies them with its instruments: it times
+each pass, verifies the IR after it (`Options.verify`), and with `Options.debug_dir`
+(`OPWEAVE_DEBUG=1`) writes the IR after every pass, the pass timings, the partition and
+the generated C++. An optional pass that fails warns once and leaves the graph as it was:
+a compiler bug must not cost the user their model.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .files import atomic_write
+from .ir import Graph, verify
+from .ir.text import print_graph
+from .notices import OpweaveFallbackWarning, warn_once
+from .options import Options
+from .runtime import Executor
+
+
+class PassWarning(OpweaveFallbackWarning):
+    """An optional pass failed on a graph and was skipped; the graph runs without it."""
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[Graph, Options], tuple[Graph, object]]
+    optional: bool = False  # on failure: warn once, keep the input graph
+
+
+@dataclass
+class PassReport:
+    name: str
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    detail: object = None   # the pass's own report (RewriteReport, Lowered, text)
+    failed: str = ""        # why an optional pass was skipped
+
+    def __str__(self) -> str:
+        what = f"skipped: {self.failed}" if self.failed else _summary(self.detail)
+        return (f"{self.name:<12} {self.seconds * 1e3:9.1f} ms  {self.nodes_before:>5} -> "
+                f"{self.nodes_after:<5} nodes  {what}").rstrip()
+
+
+def _summary(detail) -> str:
+    if detail is None:
+        return ""
+    text = str(detail).splitlines()
+    return text[0] if text else ""
+
+
+def _full(report: PassReport) -> str:
+    """The report's line, then the rest of its detail indented (for the debug dump)."""
+    rest = str(report.detail).splitlines()[1:] if report.detail is not None else []
+    return "".join([f"{report}\n"] + [f"    {line}\n" for line in rest])
+
+
+# -- the graph passes ---------------------------------------------------------------------
+
+def _verify(graph: Graph, options: Options):
+    verify(graph)
+    return graph, None
+
+
+def _rewrite(graph: Graph, options: Options):
+    from .passes.rewrite.pipeline import rewrite
+
+    return rewrite(graph, options.rewrite)
+
+
+def _gemm_layout(graph: Graph, options: Options):
+    from .passes.gemm_layout import transpose_gemm_weights
+
+    changed = transpose_gemm_weights(graph)  # edits in place: only how constants are stored
+    return graph, f"{changed} GEMM weight(s) stored transposed"
+
+
+GRAPH_PASSES: tuple[Pass, ...] = (
+    Pass("verify", _verify),
+    Pass("rewrite", _rewrite, optional=True),
+    Pass("gemm-layout", _gemm_layout, optional=True),
+)
+
+
+# -- running them ---------------------------------------------------------------------------
+
+class PassRun:
+    """Applies passes to one graph with the instruments `options` asks for."""
+
+    def __init__(self, options: Options, name: str):
+        self.options = options
+        self.name = name
+        self.reports: list[PassReport] = []
+        self.dump_dir = Path(options.debug_dir) / name if options.debug_dir else None
+
+    def apply(self, p: Pass, graph: Graph) -> Graph:
+        start, before = time.perf_counter(), len(graph.nodes)
+        try:
+            new, detail = p.run(graph, self.options)
+            if self.options.verify:
+                verify(new)
+        except Exception as err:  # noqa: BLE001  (optional passes fail soft, loudly)
+            if not p.optional:
+                raise
+            reason = f"{type(err).__name__}: {err}"
+            warn_once(f"opweave's {p.name} pass failed on {graph.name} and was skipped: {reason}",
+                      PassWarning)
+            self._record(PassReport(p.name, time.perf_counter() - start, before, before,
+                                    failed=reason), graph)
+            return graph
+        self._record(PassReport(p.name, time.perf_counter() - start, before, len(new.nodes),
+                                detail), new)
+        return new
+
+    def lower(self, graph: Graph) -> Executor:
+        """The last stage: the graph as an executable plan of fused steps."""
+        from .codegen import FusionWarning, lower
+        from .codegen.report import partition_report
+
+        start, size = time.perf_counter(), len(graph.nodes)
+        if self.options.fusion == "off":
+            executor = Executor(graph)
+            self._record(PassReport("lower", time.perf_counter() - start, size, size,
+                                    "fusion off: one step per op"), None)
+            return executor
+        try:
+            lowered = lower(graph, self.options.fusion, measure=self.options.measure,
+                            ilp_seconds=self.options.partition_seconds)
+        except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
+            reason = f"{type(err).__name__}: {err}"
+            warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",
+                      FusionWarning)
+            self._record(PassReport("lower", time.perf_counter() - start, size, size,
+                                    failed=reason), None)
+            return Executor(graph)
+        executor = Executor(graph, steps=lowered.steps)
+        executor.lowered = lowered
+        counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
+        self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
+                                f"{lowered.partition.method} partition: {counts}"), None)
+        if self.dump_dir is not None:
+            self._write("partition.txt", partition_report(lowered))
+            self._write("kernels.cpp", "\n".join(s.body for s in lowered.sources))
+        return executor
+
+    def _record(self, report: PassReport, graph: Graph | None) -> None:
+        self.reports.append(report)
+        if self.dump_dir is None:
+            return
+        if graph is not None:
+            self._write(f"{len(self.reports):02d}-{report.name}.ir", print_graph(graph))
+        self._write("passes.txt", "".join(_full(r) for r in self.reports))
+
+    def _write(self, filename: str, text: str) -> None:
+        atomic_write(self.dump_dir / filename, lambda tmp: tmp.write_text(text))
+
+
+@dataclass
+class CompiledGraph:
+    """One IR graph compiled: the graph after the passes, its executor and the reports."""
+
+    graph: Graph
+    executor: Executor
+    reports: list[PassReport] = field(default_factory=list)
+
+    def __call__(self, *tensors):
+        return self.executor(*tensors)
+
+    def report(self, name: str):
+        """The detail of pass `name` (e.g. the RewriteReport of "rewrite"), or None."""
+        return next((r.detail for r in self.reports if r.name == name), None)
+
+
+def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
+    """Run every pass over `graph` and lower it to an executor."""
+    run = PassRun(options, graph.name)
+    for p in GRAPH_PASSES:
+        graph = run.apply(p, graph)
+    executor = run.lower(graph)
+    return CompiledGraph(graph, executor, run.reports)
+
+
+__all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "CompiledGraph", "compile_graph",
+           "GRAPH_PASSES"]
