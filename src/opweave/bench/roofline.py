@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, cache_root
 from .worker import INFER
 
 CACHE_FILE = "gemm_peak.json"
@@ -20,11 +20,7 @@ CALIBRATION_VERSION = 2  # part of the cache key: a new method never reads old f
 
 
 def cache_dir() -> Path:
-    """`$OPWEAVE_CACHE_DIR`, else `$XDG_CACHE_HOME/opweave`, else `~/.cache/opweave`."""
-    if os.environ.get("OPWEAVE_CACHE_DIR"):
-        return Path(os.environ["OPWEAVE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "opweave"
+    return cache_root()
 
 
 def cpu_name() -> str:

@@ -24,7 +24,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from ..files import atomic_write
+from ..files import atomic_write, cache_root
 from .prelude import PRELUDE
 
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
@@ -38,9 +38,7 @@ class BuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("OPWEAVE_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "opweave")
-    return Path(root) / "kernels"
+    return cache_root() / "kernels"
 
 
 @functools.lru_cache(maxsize=None)
