@@ -103,6 +103,57 @@ def test_layer_norm_with_residual_prologue_and_epilogue():
     _check(g, torch.randn(2, 7, 96) * 3 + 1, torch.randn(2, 7, 96), expect={"cpp": 1})
 
 
+def _layer_norm_after_add(cols: int, rows: int) -> Graph:
+    g = Graph("ln_shift")
+    x = g.add_input("x", TensorType((rows, cols), F32))
+    s = g.add1("add", [x, g.add_constant("half", torch.full((cols,), 0.5))])
+    w, b = g.add_constant("w", torch.ones(cols)), g.add_constant("b", torch.zeros(cols))
+    g.outputs = [g.add("layer_norm", [s, w, b], {"normalized_shape": [cols], "eps": 1e-5})[0]]
+    return g
+
+
+def test_layer_norm_of_nearly_equal_large_values_matches_eager():
+    """A float mean of 768 values near 1000 is off by ~1e-4, which 1/sqrt(eps) turns into
+    an output of ~0.3 where the exact answer is 0: mean and variance are taken in double,
+    and the result is checked against layer norm computed in double."""
+    cols = 768
+    torch.manual_seed(0)
+    x = torch.stack([torch.full((cols,), 1000.1),                 # equal: the output is 0
+                     1000.1 + 1e-3 * torch.randn(cols),          # nearly equal, large
+                     -3e4 + 1e-2 * torch.randn(cols),
+                     torch.full((cols,), 7.0),                    # constant rows
+                     torch.zeros(cols),
+                     torch.randn(cols)])
+    g = _layer_norm_after_add(cols, len(x))
+    lowered = lower(g, "ilp", measure=False)
+    assert lowered.kernel_counts() == {"cpp": 1}
+    (got,) = Executor(g, steps=lowered.steps)(x)
+    want = torch.nn.functional.layer_norm(x + 0.5, (cols,), eps=1e-5)
+    exact = torch.nn.functional.layer_norm((x + 0.5).double(), (cols,), eps=1e-5).float()
+    torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
+    # row 2 is ill-conditioned in float (ulp 2e-3, spread 1e-2): eager itself is off by 0.06
+    well = [0, 1, 3, 4, 5]
+    torch.testing.assert_close(got[well], want[well], atol=5e-4, rtol=1e-4)
+    assert got[0].abs().max() == 0 and got[3].abs().max() == 0
+
+
+def test_layer_norm_kernel_loops_vectorize(tmp_path):
+    import subprocess
+
+    from opweave.codegen import build
+    from opweave.codegen.prelude import PRELUDE
+    from opweave.codegen.render import render
+
+    g = _layer_norm_after_add(768, 4)
+    src = render(g, [n for n in g.nodes if n.op != "constant"], lambda v: v in g.outputs)
+    path = tmp_path / "ln.cpp"
+    path.write_text(PRELUDE + src.body)
+    proc = subprocess.run(["g++", *build.FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
+                           str(tmp_path / "ln.so")], capture_output=True, text=True, check=True)
+    loops = [ln for ln in proc.stderr.splitlines() if "ln.cpp" in ln and "loop vectorized" in ln]
+    assert len(loops) >= 4, proc.stderr  # prologue, mean, variance, normalization
+
+
 def test_softmax_backward_is_one_row_sum_kernel():
     """The decomposed softmax backward: g*y, its row sum, then y*(g - sum): prologue,
     reduction and epilogue in one kernel."""

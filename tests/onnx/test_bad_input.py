@@ -35,6 +35,50 @@ def test_file_that_is_not_onnx(tmp_path):
     assert "not an ONNX model" in _error(empty)
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_random_bytes(tmp_path, seed):
+    path = tmp_path / "noise.onnx"
+    path.write_bytes(np.random.default_rng(seed).bytes(int(16 + 300 * seed)))
+    assert str(path) in _error(path)
+
+
+def test_damaged_bytes_in_a_valid_model():
+    """Byte flips that protobuf still parses: a name that is not UTF-8 (protobuf hands back
+    bytes), a node whose input list is cut off."""
+    data = mlp().SerializeToString()
+    damaged = data.replace(b"\n\x01X", b"\n\x01\xfc", 1)  # the matmul's input X -> b"\xfc"
+    assert "value name in node 'matmul' (MatMul) b'\\xfc' is not valid UTF-8" in _error(damaged)
+    no_input = mlp(nodes=[helper.make_node("Relu", [], ["Y"], name="relu")])
+    message = _error(no_input)
+    assert "node 'relu' (Relu) has 0 input(s)" in message and "takes 1" in message
+    empty_required = mlp(nodes=[helper.make_node("MatMul", ["X", ""], ["H"], name="mm"),
+                                helper.make_node("Relu", ["H"], ["Y"])])
+    assert "node 'mm' (MatMul): input 1 is required by MatMul but left empty" in \
+        _error(empty_required)
+
+
+@pytest.mark.parametrize("cut", [4, 3])
+def test_initializer_data_shorter_than_its_dims(cut):
+    model = mlp()
+    (weight,) = model.graph.initializer
+    weight.raw_data = weight.raw_data[:-cut]
+    message = _error(model)
+    assert f"initializer 'W': raw data of tensor 'W' has {48 - cut} bytes" in message
+    assert "dims [4, 3] of float32 need 48" in message
+
+
+def test_initializer_dims_larger_than_its_data():
+    model = mlp()
+    model.graph.initializer[0].dims[0] = 5
+    assert "has 48 bytes, but its dims [5, 3] of float32 need 60" in _error(model)
+
+
+def test_future_opset():
+    message = _error(mlp(opset=99))
+    assert "uses opset 99 of the default domain" in message
+    assert f"newest the installed onnx {onnx.__version__} defines" in message
+
+
 def test_missing_file(tmp_path):
     assert "no such file" in _error(tmp_path / "absent.onnx")
 

@@ -92,7 +92,7 @@ def test_import_time_folding_of_shape_computations():
 def test_run_command_with_random_and_file_inputs(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     onnx.save(mlp(), path)
-    assert main(["run", str(path), "--dim", "batch=3"]) == 0
+    assert main(["run", str(path), "--random-missing", "--dim", "batch=3"]) == 0
     assert "Y: float32[3, 3]" in capsys.readouterr().out
     x = np.ones((2, 4), np.float32)
     np.save(tmp_path / "x.npy", x)
@@ -103,10 +103,32 @@ def test_run_command_with_random_and_file_inputs(tmp_path, capsys):
     assert main(["run", str(path), "-i", str(tmp_path / "in.npz")]) == 0
 
 
+def test_run_command_refuses_missing_inputs_unless_asked_for_random_ones(tmp_path, capsys):
+    """An input absent from the .npz (a misspelt name, a forgotten file) used to be filled
+    with random data, and the run exited 0."""
+    path = tmp_path / "m.onnx"
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["A", "B"], ["Y"])], "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("A", "B")],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 3])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    np.savez(tmp_path / "in.npz", A=np.ones((2, 3), np.float32))
+    out = tmp_path / "out.npz"
+    assert main(["run", str(path), "-i", str(tmp_path / "in.npz"), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opweave: error:") and "model input(s) B" in err
+    assert "--random-missing" in err and "Traceback" not in err and not out.exists()
+    assert main(["run", str(path)]) == 2
+    assert "model input(s) A, B" in capsys.readouterr().err
+    assert main(["run", str(path), "-i", str(tmp_path / "in.npz"), "--random-missing",
+                 "-o", str(out)]) == 0
+    assert np.load(out)["Y"].shape == (2, 3)
+
+
 def test_run_command_names_the_missing_dimension(tmp_path, capsys):
     path = tmp_path / "m.onnx"
     onnx.save(mlp(), path)
-    assert main(["run", str(path)]) == 2
+    assert main(["run", str(path), "--random-missing"]) == 2
     err = capsys.readouterr().err
     assert "dimension 'batch' (input 'X', dim 0) is not known" in err
     assert "Traceback" not in err
@@ -138,6 +160,7 @@ def test_an_unsupported_optional_output_is_refused_by_position():
 def test_output_file_gets_exactly_the_given_name(tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(mlp(), path)
-    assert main(["run", str(path), "--dim", "batch=2", "-o", str(tmp_path / "result.bin")]) == 0
+    assert main(["run", str(path), "--random-missing", "--dim", "batch=2", "-o",
+                 str(tmp_path / "result.bin")]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "result.bin"]
     assert np.load(tmp_path / "result.bin")["Y"].shape == (2, 3)

@@ -169,7 +169,7 @@ def run(config: BenchConfig, progress=None, worker_factory=Worker) -> BenchResul
     try:
         with worker_factory(helper_spec) as helper:
             peak, cached = roofline.gemm_peak(config.threads, lambda: helper.call("gemm_peak"))
-    except WorkerError as error:  # no roofline column, but the timings still run
+    except (WorkerError, ValueError) as error:  # no roofline column; the timings still run
         peak, cached = None, False
         machine["gemm_peak_error"] = _last_line(str(error))
     machine.update(gemm_peak_flops=peak, gemm_peak_cached=cached)

@@ -1,8 +1,11 @@
 """The roofline's two numbers: a model's FLOPs (from the IR's cost formulas) and the
-machine's fp32 GEMM peak (measured once per machine and thread count, then cached)."""
+machine's fp32 GEMM peak (measured once per machine and thread count, then cached in a
+JSON file that records the sha256 of its entries, so a damaged figure is never used)."""
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import os
 import platform
 import time
@@ -11,7 +14,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
-from ..files import atomic_write_bytes
+from ..files import atomic_write_bytes, cache_root
 from .modes import INFER
 
 CACHE_FILE = "gemm_peak.json"
@@ -20,11 +23,7 @@ CALIBRATION_VERSION = 2  # part of the cache key: a new method never reads old f
 
 
 def cache_dir() -> Path:
-    """`$OPWEAVE_CACHE_DIR`, else `$XDG_CACHE_HOME/opweave`, else `~/.cache/opweave`."""
-    if os.environ.get("OPWEAVE_CACHE_DIR"):
-        return Path(os.environ["OPWEAVE_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "opweave"
+    return cache_root()
 
 
 def cpu_name() -> str:
@@ -63,30 +62,60 @@ def measure_gemm_peak(sizes=GEMM_SIZES, seconds_per_size: float = 0.5) -> float:
     return best
 
 
+def _digest(entries: dict) -> str:
+    return hashlib.sha256(json.dumps(entries, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"holds {name}, not a number")
+
+
+def _check_peak(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"entry {key!r} is {value!r}, not a finite positive FLOP/s figure")
+    return float(value)
+
+
+def _read_entries(path: Path) -> dict:
+    """The entries of the cache file at `path`, once its content matches the sha256
+    recorded in it and every figure is a finite positive number; else ValueError."""
+    data = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    if not isinstance(data, dict) or set(data) != {"sha256", "entries"} \
+            or not isinstance(data["entries"], dict):
+        raise ValueError("not a GEMM-peak cache with a content hash "
+                         "(an object with 'sha256' and 'entries')")
+    entries = data["entries"]
+    if _digest(entries) != data["sha256"]:
+        raise ValueError("its entries do not match their recorded sha256")
+    for key, value in entries.items():
+        _check_peak(key, value)
+    return entries
+
+
 def gemm_peak(threads: int, measure: Callable[[], float]) -> tuple[float, bool]:
     """The cached GEMM peak for this machine and thread count, measuring (with `measure`)
-    and caching it on a miss. Returns (FLOP/s, whether it came from the cache). A corrupted
-    cache file is reported, then replaced."""
+    and caching it on a miss. Returns (FLOP/s, whether it came from the cache). A damaged
+    cache file (bad JSON, a hash that does not match, a figure that is not a finite
+    positive number) is reported, moved aside to `*.corrupt`, and measured anew."""
     path = cache_dir() / CACHE_FILE
     key = calibration_key(threads)
     entries: dict = {}
     if path.exists():
         try:
-            entries = json.loads(path.read_text())
-            if not isinstance(entries, dict):
-                raise ValueError("not a JSON object")
-            value = entries.get(key)
-            if value is not None:
-                if not isinstance(value, (int, float)) or value <= 0:
-                    raise ValueError(f"entry {key!r} is {value!r}, not a positive number")
-                return float(value), True
+            entries = _read_entries(path)
+            if key in entries:
+                return float(entries[key]), True
         except ValueError as error:
-            warnings.warn(f"ignoring corrupted GEMM-peak cache {path}: {error}; recalibrating",
-                          stacklevel=2)
+            aside = path.with_name(path.name + ".corrupt")
+            os.replace(path, aside)
+            warnings.warn(f"ignoring corrupted GEMM-peak cache {path}: {error}; moved it to "
+                          f"{aside}; recalibrating", stacklevel=2)
             entries = {}
-    value = measure()
+    value = _check_peak(key, measure())
     entries[key] = value
-    atomic_write_bytes(path, json.dumps(entries, indent=1, sort_keys=True).encode())
+    payload = {"sha256": _digest(entries), "entries": entries}
+    atomic_write_bytes(path, json.dumps(payload, indent=1, sort_keys=True, allow_nan=False).encode())
     return value, False
 
 

@@ -242,13 +242,19 @@ def _row_kernel(em, members, reduce, par) -> list[str]:
     if reduce.op == "layer_norm":
         w, b = (em.load(v) for v in reduce.inputs[1:])
         eps = float(reduce.attrs["eps"])
-        lines += ["    float sum = 0.0f;", "    #pragma omp simd reduction(+:sum)",
-                  f"    for (int64_t j = 0; j < {c}; ++j) sum += buf[j];",
-                  f"    const float mean = sum / {c}.0f;", "    float sq = 0.0f;",
+        # Mean, then the centered variance, both accumulated in double: a float mean of
+        # nearly equal large values is off by a few ulps, and 1/sqrt(eps) magnifies that
+        # into outputs far from 0. Two vectorized passes over the row buffer. The mean is
+        # subtracted as a float pair (hi + lo): buf - hi is exact for values near it.
+        lines += ["    double sum = 0.0;", "    #pragma omp simd reduction(+:sum)",
+                  f"    for (int64_t j = 0; j < {c}; ++j) sum += (double)buf[j];",
+                  f"    const double mean_d = sum / {c}.0;", "    double sq = 0.0;",
                   "    #pragma omp simd reduction(+:sq)",
-                  f"    for (int64_t j = 0; j < {c}; ++j) {{ float d = buf[j] - mean; sq += d * d; }}",
-                  f"    const float rstd = 1.0f / std::sqrt(sq / {c}.0f + {eps!r}f);"]
-        value = f"(buf[j] - mean) * rstd * {w} + {b}"
+                  f"    for (int64_t j = 0; j < {c}; ++j) {{ double d = (double)buf[j] - mean_d; sq += d * d; }}",
+                  "    const float mean = (float)mean_d;",
+                  "    const float mean_lo = (float)(mean_d - (double)mean);",
+                  f"    const float rstd = (float)(1.0 / std::sqrt(sq / {c}.0 + (double){eps!r}f));"]
+        value = f"((buf[j] - mean) - mean_lo) * rstd * {w} + {b}"
     else:
         lines += ["    float mx = -INFINITY;", "    #pragma omp simd reduction(max:mx)",
                   f"    for (int64_t j = 0; j < {c}; ++j) mx = buf[j] > mx ? buf[j] : mx;",

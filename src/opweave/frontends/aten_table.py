@@ -340,6 +340,8 @@ def _softmax(ctx, x, dim, half_to_float):
         raise Unsupported("softmax with half_to_float")
     v = ctx.value(x)
     op = "softmax" if ctx.node.target is aten._softmax.default else "log_softmax"
+    if v.type.rank == 0:  # torch treats a 0-d tensor as one element along dim 0 or -1
+        return reshape(ctx, ctx.add1(op, [reshape(ctx, v, [1])], {"dim": 0}), [])
     return ctx.add1(op, [v], {"dim": dim % v.type.rank})
 
 

@@ -23,8 +23,9 @@ class CompiledModel:
     """A model compiled by opweave; call it like the original module."""
 
     def __init__(self, model: torch.nn.Module, program: CompiledProgram | None,
-                 capture: str, out_spec=None, capture_error: str = ""):
+                 capture: str, out_spec=None, capture_error: str = "", in_spec=None):
         self.model = model
+        self._in_spec = in_spec  # how the example inputs flatten
         self.program = program
         self.capture = capture  # "export", "make_fx" or "eager"
         self.capture_error = capture_error
@@ -41,11 +42,35 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         if self.program is None:
             return self.model(*args, **kwargs)
-        flat, _ = pytree.tree_flatten((args, kwargs))
+        flat, spec = pytree.tree_flatten((args, kwargs))
+        if self._in_spec is not None and spec != self._in_spec:
+            self._structure_error(args, kwargs, spec)
         outputs = self.program(*flat)
         if self._out_spec is None:
             return outputs[0] if len(outputs) == 1 else tuple(outputs)
         return pytree.tree_unflatten(list(outputs), self._out_spec)
+
+    def _structure_error(self, args, kwargs, spec) -> None:
+        """Arguments that do not flatten like the example inputs: the compiled graph would
+        bind the wrong values to its inputs (or too few) without this check."""
+        from ..runtime import InputError
+
+        expected = self._in_spec.children_specs[0].num_children
+        if kwargs or len(args) != expected:
+            got = f"{len(args)}" + (f" and keywords {sorted(kwargs)}" if kwargs else "")
+            raise InputError(f"{self.program.name} was compiled for {expected} positional "
+                             f"input(s), got {got}")
+        for i, (arg, want) in enumerate(zip(args, self._in_spec.children_specs[0].children_specs)):
+            have = pytree.tree_flatten(arg)[1]
+            if have != want:
+                raise InputError(f"input {i} of {self.program.name} is {_describe(have)}, "
+                                 f"expected {_describe(want)} as in the example inputs")
+
+
+def _describe(spec) -> str:
+    if spec.is_leaf():
+        return "a single tensor"
+    return f"a {getattr(spec.type, '__name__', spec.type)} of {spec.num_children} item(s)"
 
 
 def _capture_export(model, example_inputs):
@@ -100,7 +125,8 @@ def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         if errors:
             warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),
                           OpweaveFallbackWarning, stacklevel=2)
-        return CompiledModel(model, program, capture, out_spec, "; ".join(errors))
+        in_spec = pytree.tree_flatten((tuple(example_inputs), {}))[1]
+        return CompiledModel(model, program, capture, out_spec, "; ".join(errors), in_spec)
     message = f"opweave could not capture {name}; it runs in eager PyTorch ({'; '.join(errors)})"
     warnings.warn(message, OpweaveFallbackWarning, stacklevel=2)
     return CompiledModel(model, None, "eager", capture_error="; ".join(errors))

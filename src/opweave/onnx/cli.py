@@ -20,9 +20,11 @@ def parse_dims(items) -> dict[str, int]:
     return dims
 
 
-def load_inputs(model, files, dims: dict[str, int], seed: int) -> dict[str, np.ndarray]:
-    """Inputs from .npz (by name) / .npy (NAME=file.npy, or in input order) files; random
-    ones of the declared shapes for inputs no file gives."""
+def load_inputs(model, files, dims: dict[str, int], seed: int,
+                random_missing: bool = False) -> dict[str, np.ndarray]:
+    """Inputs from .npz (by name) / .npy (NAME=file.npy, or in input order) files. An
+    input no file gives is an error, unless `random_missing` asks for random data of the
+    declared shapes: a typo in an .npz must not silently run the model on noise."""
     arrays: dict[str, np.ndarray] = {}
     positional = iter(model.input_names)
     for item in files or []:
@@ -48,6 +50,10 @@ def load_inputs(model, files, dims: dict[str, int], seed: int) -> dict[str, np.n
                                 f"{', '.join(model.input_names)}")
             arrays[name] = loaded
     missing = [n for n in model.input_names if n not in arrays]
+    if missing and not random_missing:
+        raise OnnxError(f"no input file gives model input(s) {', '.join(missing)}; pass them "
+                        f"with -i (an .npz with arrays named like the inputs, or NAME=file.npy), "
+                        f"or --random-missing for random data of the declared shapes")
     if missing:
         symbols = {**model.bind({n: np.shape(a) for n, a in arrays.items()}), **dims}
         rng = np.random.default_rng(seed)
@@ -75,7 +81,8 @@ def run_command(args) -> int:
     from .model import from_onnx
 
     model = from_onnx(args.model)
-    inputs = load_inputs(model, args.input, parse_dims(args.dim), args.seed)
+    inputs = load_inputs(model, args.input, parse_dims(args.dim), args.seed,
+                         args.random_missing)
     outputs = model(**inputs)
     named = dict(zip(model.output_names, outputs))
     if args.output:
@@ -112,8 +119,11 @@ def add_parsers(sub) -> None:
     p.add_argument("model", help="the .onnx file")
     p.add_argument("--input", "-i", action="append", metavar="[NAME=]FILE",
                    help=".npz with arrays named like the inputs, or .npy for one input "
-                        "(NAME=file.npy, or in input order); repeatable. Inputs no file "
-                        "gives are random, of the declared shapes")
+                        "(NAME=file.npy, or in input order); repeatable. An input no file "
+                        "gives is an error unless --random-missing")
+    p.add_argument("--random-missing", action="store_true",
+                   help="fill inputs no file gives with random data of the declared shapes "
+                        "(seeded by --seed)")
     p.add_argument("--dim", action="append", metavar="NAME=SIZE",
                    help="size of a symbolic dimension, for random inputs")
     p.add_argument("--output", "-o", help="save the outputs to this .npz")

@@ -7,6 +7,7 @@ become the constant attributes the IR needs.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,6 +43,14 @@ def torch_dtype(onnx_type: int, what: str) -> torch.dtype:
 
 def tensor_from_proto(proto: onnx.TensorProto, what: str) -> torch.Tensor:
     dtype = torch_dtype(proto.data_type, what)
+    if any(d < 0 for d in proto.dims):
+        raise OnnxError(f"{what}: tensor {proto.name!r} has negative dims {list(proto.dims)}")
+    if proto.HasField("raw_data"):
+        expected = math.prod(proto.dims) * dtype.itemsize
+        if len(proto.raw_data) != expected:
+            raise OnnxError(f"{what}: raw data of tensor {proto.name!r} has "
+                            f"{len(proto.raw_data)} bytes, but its dims {list(proto.dims)} of "
+                            f"{str(dtype).removeprefix('torch.')} need {expected}")
     try:
         array = numpy_helper.to_array(proto)
     except Exception as error:

@@ -41,9 +41,11 @@ def load_model(source: "str | os.PathLike | bytes | onnx.ModelProto",
 
 
 def check_operators(model: onnx.ModelProto, label: str) -> None:
-    """Refuse a model with an operator opweave lacks when it is loaded, not when run."""
+    """Refuse a model with an operator opweave lacks, or a node with more or fewer inputs
+    or outputs than its operator's schema allows, when it is loaded, not when run."""
     from .importer import HANDLERS
 
+    opset = default_opset(model)
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
             raise OnnxUnsupported(f"{label}: {where(node)}: operator domain {node.domain!r} "
@@ -51,6 +53,26 @@ def check_operators(model: onnx.ModelProto, label: str) -> None:
         if node.op_type not in HANDLERS:
             raise OnnxUnsupported(f"{label}: {where(node)}: ONNX operator {node.op_type!r} "
                                   f"is not supported")
+        _check_arity(node, opset, label)
+
+
+def _check_arity(node: onnx.NodeProto, opset: int, label: str) -> None:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opset, "")
+    except onnx.defs.SchemaError:
+        return  # not defined at this opset: the operator's handler decides
+    for kind, names, low, high in (("input", node.input, schema.min_input, schema.max_input),
+                                   ("output", node.output, schema.min_output, schema.max_output)):
+        if not low <= len(names) <= high:
+            allowed = f"{low}" if low == high else f"{low} to {high}" if high < 1 << 20 \
+                else f"at least {low}"
+            raise OnnxError(f"{label}: {where(node)} has {len(names)} {kind}(s) "
+                            f"({', '.join(map(repr, names)) or 'none'}); {node.op_type} at opset "
+                            f"{opset} takes {allowed}")
+        for position, name in enumerate(names[:low] if kind == "input" else []):
+            if not name:  # (an unused required output may stay unnamed)
+                raise OnnxError(f"{label}: {where(node)}: {kind} {position} is required by "
+                                f"{node.op_type} but left empty")
 
 
 def _parse(data: bytes, label: str) -> onnx.ModelProto:
@@ -68,6 +90,33 @@ def _check_structure(model: onnx.ModelProto, label: str) -> None:
         raise OnnxError(f"{label} is not an ONNX model (no IR version or no graph)")
     if not model.graph.output:
         raise OnnxError(f"{label}: the graph declares no outputs")
+    _check_names(model.graph, label)
+
+
+def _check_names(graph: onnx.GraphProto, label: str) -> None:
+    """Names must be text: protobuf hands back bytes for a string field that is not valid
+    UTF-8 (a damaged file can still parse), which would fail far from the cause."""
+    def check(what: str, name) -> None:
+        if not isinstance(name, str):
+            raise OnnxError(f"{label}: {what} {name!r} is not valid UTF-8 text; is the file "
+                            f"damaged?")
+
+    for kind, infos in (("graph input", graph.input), ("graph output", graph.output),
+                        ("value_info", graph.value_info), ("initializer", graph.initializer)):
+        for info in infos:
+            check(f"{kind} name", info.name)
+    for node in graph.node:
+        for what, name in [("node name", node.name), ("operator", node.op_type),
+                           ("operator domain", node.domain)]:
+            check(what, name)
+        for name in [*node.input, *node.output]:
+            check(f"value name in {where(node)}", name)
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                _check_names(attr.g, label)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for sub in attr.graphs:
+                    _check_names(sub, label)
 
 
 def _all_tensors(graph: onnx.GraphProto):
@@ -132,6 +181,11 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 def _upgrade_opset(model: onnx.ModelProto, label: str) -> onnx.ModelProto:
     version = default_opset(model)
+    newest = onnx.defs.onnx_opset_version()
+    if version > newest:  # operators may mean something else there: never guess
+        raise OnnxUnsupported(f"{label} uses opset {version} of the default domain, newer than "
+                              f"opset {newest}, the newest the installed onnx "
+                              f"{onnx.__version__} defines")
     if version >= MIN_OPSET:
         return model
     from onnx import version_converter

@@ -21,7 +21,7 @@ from .memory_plan import MemoryPlan, plan_memory
 
 
 class InputError(ValueError):
-    """Inputs that do not match the graph's declared input types."""
+    """Inputs that do not match the graph's declared input types, or not CPU tensors."""
 
 
 class Executor:
@@ -96,6 +96,10 @@ class Executor:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) must be a tensor, "
                                  f"got {type(t).__name__}")
+            if t.device.type != "cpu" or t.layout != torch.strided:
+                # generated kernels read raw CPU memory: anything else would crash them
+                raise InputError(f"input {i} (%{self.graph.inputs[i].name}) is a "
+                                 f"{_where(t)} tensor, expected a CPU strided tensor")
             if tuple(t.shape) != want.shape or t.dtype != want.dtype:
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) has shape "
                                  f"{list(t.shape)} and dtype {t.dtype}, expected {want}")
@@ -116,6 +120,11 @@ class Executor:
                 env[slot] = None
         return [env[s].clone() if copy else env[s]
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
+
+
+def _where(t: torch.Tensor) -> str:
+    layout = "" if t.layout == torch.strided else f" {str(t.layout).removeprefix('torch.')}"
+    return f"{t.device}{layout}"
 
 
 def _slot_steps(steps, slot, graph: Graph):
