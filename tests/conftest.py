@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
+import tempfile
 
 import pytest
 import torch
@@ -11,6 +12,9 @@ import torch
 # partition ILPs run to their work limits), so results are the same on a fast or a slow,
 # idle or loaded machine. Tests of the deadlines themselves pass explicit options.
 os.environ["OPWEAVE_DETERMINISTIC"] = "1"
+# Measured choices go to a database of this test process, never the user's.
+os.environ["OPWEAVE_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="opweave-tests-"),
+                                               "tuning.sqlite")
 
 from opweave import models
 

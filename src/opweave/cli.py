@@ -166,8 +166,10 @@ def main(argv=None) -> int:
     p.set_defaults(func=_demo)
     _add_bench_parser(sub, models)
     from .onnx.cli import add_parsers
+    from .tune.cli import add_parsers as add_tune_parsers
 
     add_parsers(sub)
+    add_tune_parsers(sub)
     args = parser.parse_args(argv)
     try:
         if args.command in ("run", "conformance"):

@@ -11,6 +11,8 @@ Environment variables:
   OPWEAVE_MEASURE        1 (default) | 0: choose library forms by the cost model, not by timing
   OPWEAVE_DETERMINISTIC  0 (default) | 1: no wall-clock deadlines in the solvers
   OPWEAVE_VERIFY         1 (default) | 0: skip verifying the IR after each pass
+  OPWEAVE_TUNING_DB      a path (default: tuning.sqlite under opweave's cache directory) |
+                         off: no database, choices measured and kept for the process only
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
                          and the generated C++ under OPWEAVE_DEBUG_DIR (default ./opweave_debug)
 """
@@ -39,6 +41,9 @@ class Options:
     verify: bool = True               # verify the IR after every pass
     debug_dir: str | None = None      # dump the IR after every pass here
     partition_seconds: float = 2.0    # the fusion ILP's deadline per component
+    # where measured choices are recorded and looked up: a path, "default" (the file
+    # under opweave's cache directory) or None (measure, remember for the process only)
+    tuning_db: str | None = "default"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -77,8 +82,15 @@ class Options:
                    measure=_flag(env, "OPWEAVE_MEASURE", True),
                    deterministic=_flag(env, "OPWEAVE_DETERMINISTIC", False),
                    verify=_flag(env, "OPWEAVE_VERIFY", True),
+                   tuning_db=_tuning_db(env.get("OPWEAVE_TUNING_DB", "")),
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
+
+
+def _tuning_db(text: str) -> str | None:
+    if text.strip().lower() in ("off", "0", "none"):
+        return None
+    return text or "default"
 
 
 def _choice(what: str, value, allowed) -> None:

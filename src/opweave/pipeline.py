@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from . import tune
 from .files import atomic_write
 from .ir import Graph, verify
 from .ir.text import print_graph
@@ -134,8 +135,9 @@ class PassRun:
                                     "fusion off: one step per op"), None)
             return executor
         try:
-            lowered = lower(graph, self.options.fusion, measure=self.options.measure,
-                            ilp_seconds=self.options.partition_seconds)
+            with tune.using(tune.open_db(self.options.tuning_db)):
+                lowered = lower(graph, self.options.fusion, measure=self.options.measure,
+                                ilp_seconds=self.options.partition_seconds)
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",

@@ -15,6 +15,7 @@ from typing import Callable
 
 import torch
 
+from .. import tune
 from ..ir.graph import Node
 from . import library
 
@@ -37,11 +38,19 @@ def applies(node: Node) -> bool:
                and (v.producer is None or v.producer.op != "constant") for v in node.inputs)
 
 
-def measured_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    key = (a.shape, a.stride(), b.shape, b.stride(), a.dtype, torch.get_num_threads())
+KIND = "gemm-form"  # the tuning database's name for this decision
+_FORMS = {"torch": _torch_mm, "onednn": _onednn_mm}
+
+
+def measured_matmul(a: torch.Tensor, b: torch.Tensor, db: tune.TuningDB | None = None) -> torch.Tensor:
+    """`a @ b` on the form recorded for this layout in `db` (the tuning database active
+    when the step was compiled), or measured now and recorded there."""
+    key = (tuple(a.shape), a.stride(), tuple(b.shape), b.stride(), str(a.dtype),
+           torch.get_num_threads())
     form = _CHOICES.get(key)
     if form is None:
-        form = _CHOICES[key] = _choose(a, b)
+        recalled = tune.recall(KIND, key, _FORMS, db)
+        form = _CHOICES[key] = _FORMS[recalled[0]] if recalled else _choose(a, b, key, db)
     return form(a, b)
 
 
@@ -50,7 +59,7 @@ def chosen_forms() -> dict[tuple, str]:
     return {key: form.__name__ for key, form in _CHOICES.items()}
 
 
-def _choose(a: torch.Tensor, b: torch.Tensor, rounds: int = 7) -> Callable:
+def _choose(a: torch.Tensor, b: torch.Tensor, key=None, db=None, rounds: int = 7) -> Callable:
     """The faster of torch's and oneDNN's product on these operands: the minimum of
     interleaved runs after two warm-up rounds. oneDNN is kept only if it accepts the
     layout and agrees with torch (it is never trusted blindly with a new stride pattern)."""
@@ -63,5 +72,8 @@ def _choose(a: torch.Tensor, b: torch.Tensor, rounds: int = 7) -> Callable:
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4,
                                                          atol=1e-5 * max(scale, 1.0)):
         return _torch_mm
-    forms = {"torch": _torch_mm, "onednn": _onednn_mm}
-    return forms[library.fastest(forms, (a, b), rounds)[0]]
+    samples = library.measure(_FORMS, (a, b), rounds)
+    best = min(samples, key=lambda name: min(samples[name]))
+    if key is not None:
+        tune.remember(KIND, key, best, samples, db)
+    return _FORMS[best]

@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from .. import tune
 from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition.classify import constant_of
@@ -165,37 +166,73 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue) -> tuple:
             tuple(str(v.type) for v in anchor.inputs), posts)
 
 
+KIND = "library-form"  # the tuning database's name for this decision
+
+
+def _memo_key(key: tuple) -> tuple:
+    return key, torch.get_num_threads()
+
+
 def measured(key: tuple) -> float | None:
-    """Seconds of the fastest form measured for this signature, if any."""
-    return _CHOICES[key][1] if key in _CHOICES else None
+    """Seconds of the fastest form measured for this signature (in this process, or
+    recorded in the tuning database for this machine), if any."""
+    if _memo_key(key) in _CHOICES:
+        return _CHOICES[_memo_key(key)][1]
+    recalled = tune.recall(KIND, key, _ANY)
+    return recalled[1] if recalled else None
 
 
 def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
            rounds: int = 7) -> tuple[str, float]:
-    """The faster candidate at these shapes and its best time, by interleaved runs on
-    random inputs (memoized per key for the process). The minimum, not the median: on a
+    """The faster candidate at these shapes and its best time: recorded in the tuning
+    database for this machine, or measured by interleaved runs on random inputs and
+    recorded (memoized per key for the process too). The minimum, not the median: on a
     shared machine noise only adds time, and medians of 7 runs picked an unfused
     convolution + ReLU over the fused one in a third of ResNet's groups."""
-    if key in _CHOICES and _CHOICES[key][0] in candidates:
-        return _CHOICES[key]
-    # convolutions keep activations channels-last between them, so measure them that way
-    args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
-    _CHOICES[key] = fastest(candidates, args, rounds)
-    return _CHOICES[key]
+    memo = _memo_key(key)
+    if memo in _CHOICES and _CHOICES[memo][0] in candidates:
+        return _CHOICES[memo]
+    recalled = tune.recall(KIND, key, candidates)
+    if recalled is None:
+        # convolutions keep activations channels-last between them, so measure them that way
+        args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
+        samples = measure(candidates, args, rounds)
+        best = min(samples, key=lambda name: min(samples[name]))
+        tune.remember(KIND, key, best, samples)
+        recalled = best, min(samples[best])
+    _CHOICES[memo] = recalled
+    return recalled
 
 
-def fastest(candidates: dict[str, Callable], args, rounds: int = 7) -> tuple[str, float]:
-    """The candidate with the smallest minimum time over `rounds` interleaved runs on
-    `args` (after two warm-up rounds), and that time."""
-    best = {name: float("inf") for name in candidates}
+class _Anything:
+    """Accepts every candidate name (to read a recorded time without the candidates)."""
+
+    def __contains__(self, name) -> bool:
+        return True
+
+
+_ANY = _Anything()
+
+
+def measure(candidates: dict[str, Callable], args, rounds: int = 7) -> dict[str, list[float]]:
+    """Seconds of each of `rounds` interleaved runs per candidate on `args`, after two
+    warm-up rounds."""
+    samples: dict[str, list[float]] = {name: [] for name in candidates}
     for r in range(rounds + 2):
         for name, fn in candidates.items():
             t = time.perf_counter()
             fn(*args)
             if r >= 2:
-                best[name] = min(best[name], time.perf_counter() - t)
-    name = min(best, key=best.__getitem__)
-    return name, best[name]
+                samples[name].append(time.perf_counter() - t)
+    return samples
+
+
+def fastest(candidates: dict[str, Callable], args, rounds: int = 7) -> tuple[str, float]:
+    """The candidate with the smallest minimum time over `rounds` interleaved runs on
+    `args`, and that time."""
+    samples = measure(candidates, args, rounds)
+    name = min(samples, key=lambda n: min(samples[n]))
+    return name, min(samples[name])
 
 
 def _example(v: Value, channels_last: bool) -> torch.Tensor:

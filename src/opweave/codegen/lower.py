@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from .. import tune
 from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
@@ -64,8 +65,10 @@ def op_step(node: Node) -> Step:
 
 
 def gemm_step(node: Node) -> Step:
-    """A product of two run-time matrices, on torch's or oneDNN's GEMM by measurement."""
-    return Step(lambda a, b: [gemm.measured_matmul(a, b)], list(node.inputs),
+    """A product of two run-time matrices, on torch's or oneDNN's GEMM by measurement
+    (at the first call, when strides are known; recorded in the active tuning database)."""
+    db = tune.active()
+    return Step(lambda a, b: [gemm.measured_matmul(a, b, db)], list(node.inputs),
                 list(node.outputs), [node], "library", "matmul (measured GEMM)")
 
 

@@ -1,0 +1,87 @@
+"""Tuning: measured choices are remembered in a database (`db.TuningDB`) keyed by the
+workload and the machine (`target`), so a warm compile measures nothing and compiles the
+same plan every time. See docs/tuning.md.
+
+The compiler asks through two calls: `recall(kind, key, candidates)` before measuring and
+`remember(kind, key, chosen, samples)` after. Which database they use is the one the
+pipeline activates for the compile (`using(open_db(Options.tuning_db))`); with none
+active, choices are measured and kept for the process only.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from contextlib import contextmanager
+from contextvars import ContextVar
+from pathlib import Path
+
+from ..files import cache_root
+from .db import Record, TuningDB, TuningDBError, TuningDBWarning
+from .target import describe, target_id
+
+DEFAULT = "default"  # Options.tuning_db: the file under opweave's cache directory
+_ACTIVE: ContextVar[TuningDB | None] = ContextVar("opweave_tuning_db", default=None)
+_OPEN: dict[str, TuningDB] = {}
+
+
+def default_path() -> Path:
+    return cache_root() / "tuning.sqlite"
+
+
+def open_db(path: "str | os.PathLike | None") -> TuningDB | None:
+    """The database at `path` (DEFAULT: under the cache directory; None: none), one
+    object per file for the process."""
+    if path is None:
+        return None
+    resolved = str(default_path() if path == DEFAULT else Path(path))
+    if resolved not in _OPEN:
+        _OPEN[resolved] = TuningDB(resolved)
+    return _OPEN[resolved]
+
+
+@contextmanager
+def using(db: TuningDB | None):
+    token = _ACTIVE.set(db)
+    try:
+        yield db
+    finally:
+        _ACTIVE.reset(token)
+
+
+def active() -> TuningDB | None:
+    return _ACTIVE.get()
+
+
+def workload(kind: str, key) -> tuple[str, str]:
+    """(hash, readable text) of a decision's key: its repr, which names ops, shapes,
+    dtypes, strides and attributes in a stable order."""
+    text = f"{kind}:{key!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32], text
+
+
+def recall(kind: str, key, candidates, db: TuningDB | None = None) -> tuple[str, float] | None:
+    """The recorded choice for this workload on this machine, if it is still one of the
+    `candidates`; None when it must be measured."""
+    db = db or active()
+    if db is None:
+        return None
+    record = db.get(kind, workload(kind, key)[0], target_id(describe()))
+    if record is None or record.config.get("form") not in candidates:
+        return None
+    return record.config["form"], record.seconds
+
+
+def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
+             db: TuningDB | None = None) -> None:
+    db = db or active()
+    if db is None:
+        return
+    descriptor = describe()
+    wid, text = workload(kind, key)
+    seconds = min(samples[chosen])
+    db.put(Record(kind, wid, target_id(descriptor), text, {"form": chosen}, seconds,
+                  samples), descriptor)
+
+
+__all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
+           "active", "recall", "remember", "workload", "DEFAULT", "default_path"]
