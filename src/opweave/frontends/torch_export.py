@@ -113,7 +113,7 @@ class CompiledModel:
         self._current = entry
         if entry.program is None:
             return self.model(*args, **kwargs)
-        tensors = tensor_leaves(flatten(*entry.spelling.apply(canonical))[0])
+        tensors = entry.spelling.tensors(canonical)
         check_tensor_types(self.name, entry.types, tensors)
         outputs = entry.program(*tensors)
         return pytree.tree_unflatten(list(outputs), entry.out_spec)
