@@ -69,7 +69,7 @@ class CompiledModel:
         self._warned: set[str] = set()
         args, kwargs = tuple(example_args), dict(example_kwargs or {})
         key = call_key(self._binder.canonical(args, kwargs))
-        self._current = self._specialize(key, args, kwargs, stacklevel=4)
+        self._current = self._specialize(key, args, kwargs, stacklevel=5)
 
     # -- what the most recent call ran -------------------------------------------------------
     @property
