@@ -13,8 +13,9 @@ __version__ = "0.1.0"
 
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
-            loss_every=1, options=None):
-    """Compile `model` for inference on inputs shaped like `example_inputs`, or, with
+            loss_every=1, example_kwargs=None, options=None):
+    """Compile `model` for inference on calls like `model(*example_inputs,
+    **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
     calling the result runs forward and backward as one graph; `loss.backward()` then
     delivers the gradients. `loss_every`: compute the loss value on every N-th call only
@@ -24,11 +25,21 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     OPWEAVE_* environment variables; see `opweave.options`).
     `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
     `opweave.passes.rewrite.pipeline.RewriteOptions`.
-    `fusion`: None (as in `options`), "ilp", "greedy", "off" or False."""
+    `fusion`: None (as in `options`), "ilp", "greedy", "off" or False.
+
+    The compiled model computes what `model` computes on the same call. Calls bind to
+    `forward`'s signature (keywords as in Python). Tensors keep the example's shapes and
+    dtypes; a call with other Python values (`k=5.0` where the example had 2.0) or another
+    argument structure compiles a program of its own. Weights are read as they are when
+    compiled: after an in-place update (optimizer step, `load_state_dict`) the next call
+    recompiles, with one StaleWeightsWarning; writes through `p.data` cannot be seen, so
+    call `compiled.refresh()` after them. A model that writes to its buffers (BatchNorm in
+    training mode: call `.eval()` first) runs in eager PyTorch, with a warning."""
     from .frontends.torch_export import compile as _compile
 
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
-                    train=train, loss_every=loss_every, options=options)
+                    train=train, loss_every=loss_every, example_kwargs=example_kwargs,
+                    options=options)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):

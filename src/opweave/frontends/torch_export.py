@@ -1,35 +1,89 @@
 """`opweave.compile(model, example_inputs)`: capture with torch.export, compile, run.
 
-Parameters and buffers are frozen into the graph as constants (this path is for
-inference). Where torch.export cannot capture the model, opweave traces it with make_fx
-(tensors the model holds, such as a sparse adjacency, become constants); where that fails
-too, the model runs in eager PyTorch and opweave says so once.
+Parameters and buffers are read as constants (this path is for inference). Where
+torch.export cannot capture the model, opweave traces it with make_fx (tensors the model
+holds, such as a sparse adjacency, become constants); where that fails too, or where the
+model writes to its own buffers (BatchNorm in training mode), the model runs in eager
+PyTorch and opweave says so once.
+
+A compiled model computes what the eager model computes on the same call:
+- calls are bound to `forward`'s signature, keywords included (see `binding`);
+- a call whose Python values or argument structure differ from the example's gets a
+  program compiled for it (torch.export bakes such values in), up to MAX_SPECIALIZATIONS,
+  least recently used dropped;
+- tensors must keep the example's shapes and dtypes (a clear error otherwise);
+- the output has the eager output's structure (tensor, tuple, dict, dataclass, ...);
+- weights are read as they are at compile time; when they change afterwards (an
+  optimizer step, `load_state_dict`), the next call notices and recompiles, with one
+  StaleWeightsWarning (see `weights` for what is detected).
 """
 from __future__ import annotations
 
 import warnings
-from typing import Sequence
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Hashable, Sequence
 
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..options import Options
+from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, tensor_leaves,
+                      tensor_types)
 from .decompositions import decomposition_table
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
+from .weights import WeightWatch
+
+MAX_SPECIALIZATIONS = 8  # distinct calls (values, structure) kept compiled per model
+
+
+class StaleWeightsWarning(UserWarning):
+    """A compiled model's weights changed after compiling; opweave recompiled it."""
+
+
+class _StateMutation(RuntimeError):
+    """The model writes to its own parameters or buffers: no capture can compile that."""
+
+
+@dataclass
+class _Specialization:
+    program: CompiledProgram | None  # None: the model runs in eager PyTorch
+    capture: str                     # "export", "make_fx" or "eager"
+    out_spec: pytree.TreeSpec | None = None
+    capture_error: str = ""
+    types: list | None = None        # the tensors' (shape, dtype, device, layout)
+    watch: WeightWatch | None = None
+    spelling: Spelling | None = None  # how the call it was compiled for spelled its arguments
 
 
 class CompiledModel:
     """A model compiled by opweave; call it like the original module."""
 
-    def __init__(self, model: torch.nn.Module, program: CompiledProgram | None,
-                 capture: str, out_spec=None, capture_error: str = "", in_spec=None):
+    def __init__(self, model: torch.nn.Module, example_args: Sequence, example_kwargs=None, *,
+                 name: str, options: Options | None = None):
         self.model = model
-        self._in_spec = in_spec  # how the example inputs flatten
-        self.program = program
-        self.capture = capture  # "export", "make_fx" or "eager"
-        self.capture_error = capture_error
-        self._out_spec = out_spec
+        self.name = name
+        self._options = Options.resolve(options)
+        self._binder = Binder(model, name)
+        self._cache: OrderedDict[Hashable, _Specialization] = OrderedDict()
+        self._warned: set[str] = set()
+        args, kwargs = tuple(example_args), dict(example_kwargs or {})
+        key = call_key(self._binder.canonical(args, kwargs))
+        self._current = self._specialize(key, args, kwargs, stacklevel=5)
+
+    # -- what the most recent call ran -------------------------------------------------------
+    @property
+    def program(self) -> CompiledProgram | None:
+        return self._current.program
+
+    @property
+    def capture(self) -> str:
+        return self._current.capture
+
+    @property
+    def capture_error(self) -> str:
+        return self._current.capture_error
 
     @property
     def coverage(self) -> Coverage:
@@ -39,94 +93,174 @@ class CompiledModel:
     def graphs(self):
         return self.program.graphs if self.program else []
 
+    def refresh(self) -> None:
+        """Drop every compiled program: the next call compiles against the model's weights
+        as they are then (needed after a change `weights.WeightWatch` cannot see)."""
+        self._cache.clear()
+
+    # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
-        if self.program is None:
+        canonical = self._binder.canonical(args, kwargs)
+        key = call_key(canonical)
+        entry = self._cache.get(key) if key is not None else None
+        if entry is None:
+            entry = self._specialize(key, args, kwargs)
+        elif entry.watch is not None and entry.watch.changed():
+            self._warn_once(f"the weights of {self.name} changed after it was compiled; opweave "
+                            f"recompiles it (each change costs a compile)", StaleWeightsWarning)
+            entry = self._specialize(key, args, kwargs)
+        else:
+            self._cache.move_to_end(key)
+        self._current = entry
+        if entry.program is None:
             return self.model(*args, **kwargs)
-        flat, spec = pytree.tree_flatten((args, kwargs))
-        if self._in_spec is not None and spec != self._in_spec:
-            self._structure_error(args, kwargs, spec)
-        outputs = self.program(*flat)
-        if self._out_spec is None:
-            return outputs[0] if len(outputs) == 1 else tuple(outputs)
-        return pytree.tree_unflatten(list(outputs), self._out_spec)
+        tensors = entry.spelling.tensors(canonical)
+        check_tensor_types(self.name, entry.types, tensors)
+        outputs = entry.program(*tensors)
+        return pytree.tree_unflatten(list(outputs), entry.out_spec)
 
-    def _structure_error(self, args, kwargs, spec) -> None:
-        """Arguments that do not flatten like the example inputs: the compiled graph would
-        bind the wrong values to its inputs (or too few) without this check."""
-        from ..runtime import InputError
+    def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3) -> _Specialization:
+        if key is None:
+            self._warn_once(f"{self.name} was called with a value opweave cannot compare "
+                            f"(not hashable); such calls run in eager PyTorch",
+                            OpweaveFallbackWarning)
+            return _Specialization(None, "eager", capture_error="an unhashable argument")
+        entry = _compile(self.model, args, kwargs, self.name, stacklevel=stacklevel + 1,
+                         options=self._options)
+        entry.spelling = self._binder.spelling(args, kwargs)
+        self._cache[key] = entry
+        self._cache.move_to_end(key)
+        if len(self._cache) > MAX_SPECIALIZATIONS:
+            self._cache.popitem(last=False)
+            self._warn_once(f"{self.name} was called with more than {MAX_SPECIALIZATIONS} "
+                            f"distinct non-tensor arguments or argument structures; each new "
+                            f"one costs a compile", OpweaveFallbackWarning)
+        return entry
 
-        expected = self._in_spec.children_specs[0].num_children
-        if kwargs or len(args) != expected:
-            got = f"{len(args)}" + (f" and keywords {sorted(kwargs)}" if kwargs else "")
-            raise InputError(f"{self.program.name} was compiled for {expected} positional "
-                             f"input(s), got {got}")
-        for i, (arg, want) in enumerate(zip(args, self._in_spec.children_specs[0].children_specs)):
-            have = pytree.tree_flatten(arg)[1]
-            if have != want:
-                raise InputError(f"input {i} of {self.program.name} is {_describe(have)}, "
-                                 f"expected {_describe(want)} as in the example inputs")
-
-
-def _describe(spec) -> str:
-    if spec.is_leaf():
-        return "a single tensor"
-    return f"a {getattr(spec.type, '__name__', spec.type)} of {spec.num_children} item(s)"
+    def _warn_once(self, message: str, category) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            warnings.warn(message, category, stacklevel=3)
 
 
-def _capture_export(model, example_inputs):
-    exported = torch.export.export(model, tuple(example_inputs))
-    exported = exported.run_decompositions(decomposition_table())
-    gm = exported.graph_module
-    sig = exported.graph_signature
-    if sig.buffers_to_mutate or sig.user_inputs_to_mutate:
-        raise RuntimeError("the model mutates its buffers or inputs (training mode?); "
-                           "opweave.compile freezes weights for inference")
-    state = {**exported.state_dict, **exported.constants}
-    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
-    constants: dict[fx.Node, torch.Tensor] = {}
-    for spec in sig.input_specs:
-        target = getattr(spec, "target", None)
-        if target is not None and target in state:
-            constants[placeholders[spec.arg.name]] = state[target]
-    return gm, constants, exported.call_spec.out_spec
-
-
-def _capture_make_fx(model, example_inputs):
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with torch.no_grad():
-        gm = make_fx(lambda *a: model(*a), decomposition_table=decomposition_table())(*example_inputs)
-    return gm, {}, None
-
-
-def compile(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-            name: str | None = None, rewrite=None, fusion=None, train: bool = False,
-            loss_every: int | None = 1, options: Options | None = None):
-    """Compile `model` for inference on inputs shaped like `example_inputs`. `options`:
-    an `opweave.Options` (default: from the environment); `rewrite` and `fusion`
-    override its fields. With `train=True`, `model(*inputs)` must return a scalar loss;
-    see `training`."""
-    name = name or type(model).__name__
-    options = Options.resolve(options, rewrite=rewrite, fusion=fusion)
-    if train:
-        from .training import TrainingModel
-
-        return TrainingModel(model, example_inputs, name=name, options=options,
-                             loss_every=loss_every)
+def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
+             stacklevel: int) -> _Specialization:
     errors = []
     for capture, fn in (("export", _capture_export), ("make_fx", _capture_make_fx)):
         try:
-            gm, constants, out_spec = fn(model, example_inputs)
+            gm, constants, out_spec = fn(model, args, kwargs)
         except Exception as err:  # capture failures are reported, never fatal
             errors.append(f"{capture}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
+            if isinstance(err, _StateMutation):
+                break
             continue
         program = CompiledProgram(gm, constants, name=name, options=options)
         program.warn_fallbacks()
         if errors:
             warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),
-                          OpweaveFallbackWarning, stacklevel=2)
-        in_spec = pytree.tree_flatten((tuple(example_inputs), {}))[1]
-        return CompiledModel(model, program, capture, out_spec, "; ".join(errors), in_spec)
+                          OpweaveFallbackWarning, stacklevel=stacklevel)
+        tensors = tensor_leaves(flatten(args, kwargs)[0])
+        return _Specialization(program, capture, out_spec, "; ".join(errors),
+                               tensor_types(tensors), WeightWatch(model, program.constants.values()))
     message = f"opweave could not capture {name}; it runs in eager PyTorch ({'; '.join(errors)})"
-    warnings.warn(message, OpweaveFallbackWarning, stacklevel=2)
-    return CompiledModel(model, None, "eager", capture_error="; ".join(errors))
+    warnings.warn(message, OpweaveFallbackWarning, stacklevel=stacklevel)
+    return _Specialization(None, "eager", capture_error="; ".join(errors))
+
+
+def _capture_export(model, args: tuple, kwargs: dict):
+    exported = torch.export.export(model, args, kwargs)
+    exported = exported.run_decompositions(decomposition_table())
+    gm = exported.graph_module
+    sig = exported.graph_signature
+    if sig.buffers_to_mutate:
+        raise _StateMutation(f"the model writes to its buffers ({', '.join(sig.buffers_to_mutate.values())}; "
+                             f"training mode?): call model.eval() to compile it for inference")
+    if sig.user_inputs_to_mutate:
+        raise RuntimeError("the model writes to its inputs")
+    if exported.call_spec.in_spec != flatten(args, kwargs)[1]:
+        raise RuntimeError("torch.export flattened the inputs differently")
+    state = {**exported.state_dict, **exported.constants}
+    placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
+    constants: dict[fx.Node, torch.Tensor] = {}
+    for spec in sig.input_specs:
+        target = getattr(spec, "target", None)
+        node = placeholders[spec.arg.name]
+        if target is not None and target in state:
+            constants[node] = state[target]
+        elif not isinstance(spec.arg, torch.export.graph_signature.TensorArgument):
+            # a Python value, baked in by export: the call's key guards it
+            if node.users:
+                raise RuntimeError(f"input {spec.arg.name} is a Python value the graph reads")
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return gm, constants, exported.call_spec.out_spec
+
+
+def _capture_make_fx(model, args: tuple, kwargs: dict):
+    """Trace `model` as a function of the call's tensors to its flat outputs, recording
+    the output structure. Input writes become copies at the end of the graph
+    (functionalized); writes to the model's own buffers are refused, and undone."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    leaves, in_spec = flatten(args, kwargs)
+    where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+    out_specs = []
+
+    def flat_model(*tensors):
+        full = list(leaves)
+        for i, t in zip(where, tensors):
+            full[i] = t
+        call_args, call_kwargs = pytree.tree_unflatten(full, in_spec)
+        outputs, out_spec = pytree.tree_flatten(model(*call_args, **call_kwargs))
+        out_specs.append(out_spec)
+        return outputs
+
+    saved = {name: b.clone() for name, b in model.named_buffers()}  # tracing runs the model
+    examples = [leaves[i].clone() for i in where]  # ... and must not write to the caller's
+    with torch.no_grad():
+        gm = make_fx(torch.func.functionalize(flat_model, remove="mutations"),
+                     decomposition_table=decomposition_table())(*examples)
+    written = _written_constants(gm)
+    if written:
+        with torch.no_grad():
+            for name, buffer in model.named_buffers():
+                buffer.copy_(saved[name])
+        raise _StateMutation(f"the model writes to its buffers ({', '.join(written)}; training "
+                             f"mode?): call model.eval() to compile it for inference")
+    return gm, {}, out_specs[-1]
+
+
+def _written_constants(gm: fx.GraphModule) -> list[str]:
+    """The constants (the model's parameters and buffers) an op of `gm` writes to."""
+    written = []
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None:
+            continue
+        for i, arg in enumerate(schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            if isinstance(value, fx.Node) and value.op == "get_attr":
+                written.append(f"{node.target}")
+    return list(dict.fromkeys(written))
+
+
+def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | None = None,
+            rewrite=None, fusion=None, train: bool = False, loss_every: int | None = 1,
+            example_kwargs: dict | None = None, options: Options | None = None):
+    """Compile `model` for inference on calls like `model(*example_inputs,
+    **example_kwargs)`. `options`: an `opweave.Options` (default: from the environment);
+    `rewrite` and `fusion` override its fields. With `train=True`, `model(*inputs)` must
+    return a scalar loss; see `training`."""
+    name = name or type(model).__name__
+    options = Options.resolve(options, rewrite=rewrite, fusion=fusion)
+    if train:
+        from .training import TrainingModel
+
+        if example_kwargs:
+            raise TypeError("train=True takes its inputs as example_inputs only")
+        return TrainingModel(model, example_inputs, name=name, options=options,
+                             loss_every=loss_every)
+    return CompiledModel(model, tuple(example_inputs), example_kwargs, name=name,
+                         options=options)

@@ -1,0 +1,91 @@
+"""Weights changed after compiling reach every step of the compiled model, or none: the
+next call notices the change and recompiles, whichever kernels were chosen."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import opweave
+from opweave.codegen import library
+from opweave.frontends.torch_export import StaleWeightsWarning
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(),
+                               torch.nn.Linear(32, 8)).eval()
+
+
+def _no_grad_copy(model):
+    with torch.no_grad():
+        model[0].weight.copy_(torch.randn(32, 16))
+
+
+def _load_state_dict(model):
+    model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+
+
+def _optimizer_step(model):
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model(torch.randn(4, 16)).sum().backward()
+    optimizer.step()
+
+
+def _new_storage(model):
+    model[2].bias.data = torch.randn(8)
+
+
+def _new_parameter(model):
+    model[0].weight = torch.nn.Parameter(torch.randn(32, 16))
+
+
+UPDATES = [_no_grad_copy, _load_state_dict, _optimizer_step, _new_storage, _new_parameter]
+
+
+@pytest.fixture(params=["onednn", "reference"])
+def kernel(request, monkeypatch):
+    """Force the packed oneDNN form or the torch-op form of each linear layer (a measured
+    choice otherwise), so both are tested whatever this machine measures."""
+    real = library.choose
+
+    def forced(key, candidates, inputs, rounds=7):
+        name = request.param if request.param in candidates else "reference"
+        return name, real(key, {name: candidates[name]}, inputs, rounds=1)[1]
+
+    monkeypatch.setattr(library, "choose", forced)
+    monkeypatch.setattr(library, "_CHOICES", {})
+    return request.param
+
+
+@pytest.mark.parametrize("update", UPDATES, ids=lambda f: f.__name__.strip("_"))
+def test_an_update_after_compiling_is_seen_by_every_step(update, kernel):
+    model, x = _model(), torch.randn(4, 16)
+    compiled = opweave.compile(model, (x,), fusion="ilp")
+    kinds = {s.kind for g in compiled.program.steps if hasattr(g, "executor")
+             for s in g.executor.lowered.steps}
+    assert ("library" if kernel == "onednn" else "reference") in kinds
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
+    update(model)
+    with torch.no_grad(), pytest.warns(StaleWeightsWarning, match="weights of Sequential changed"):
+        torch.testing.assert_close(compiled(x), model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StaleWeightsWarning)  # recompiled once, not every call
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))
+        update(model)
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x), model(x))  # warned once per compiled model
+
+
+def test_writes_through_data_need_a_refresh():
+    """`p.data` is a tensor with a version counter of its own: such writes are invisible
+    without reading every weight; `refresh()` recompiles against them."""
+    model, x = _model(), torch.randn(4, 16)
+    compiled = opweave.compile(model, (x,))
+    model[0].weight.data.mul_(2)
+    compiled.refresh()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x))
