@@ -73,6 +73,8 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     `opweave.compile`), `freeze` (default True: freeze weights in inference graphs)."""
     from torch._dynamo.backends.common import aot_autograd
 
+    # torch.compile passes its `options` dict as one keyword argument named `options`
+    options = {**(options.pop("options", None) or {}), **options}
     unknown = set(options) - {"rewrite", "fusion", "freeze"}
     if unknown:
         raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; "
