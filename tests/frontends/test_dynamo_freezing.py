@@ -46,7 +46,8 @@ def _op_names(program) -> list[str]:
     return [node.op for graph in program.graphs for node in graph.nodes]
 
 
-@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode], ids=["no_grad", "inference_mode"])
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode],
+                         ids=["no_grad", "inference_mode"])
 def test_no_grad_freezes_weights_and_folds_batch_norm(ctx):
     model = _model()
     before = len(torch_dynamo.frozen_programs)
