@@ -45,6 +45,24 @@ def test_opweave_compile_splits_around_unsupported_op_and_warns_once():
     assert cov.segments == 2  # before and after the eager cumsums
 
 
+class WithCasts(torch.nn.Module):
+    """`.to(dtype)` exports as `_assert_tensor_metadata` (no outputs) before `_to_copy`."""
+
+    def forward(self, x):
+        return x.to(torch.float64) * 2, x.to(torch.int64, copy=True) + 1, x.double().sum()
+
+
+def test_dtype_conversions_compile_without_fallback():
+    model, x = WithCasts(), torch.randn(3, 4) * 4
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(model, (x,))
+    assert not _fallback_warnings(record)
+    assert compiled.coverage.fallback == {} and compiled.coverage.segments == 1
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected)
+
+
 def test_torch_compile_backend_falls_back_too():
     model, x = WithCumsum(), torch.randn(4, 8, requires_grad=True)
     compiled = torch.compile(model, backend="opweave")
