@@ -1,0 +1,1 @@
+"""`opweave fuzz`: a differential fuzzer of the whole pipeline (see runner)."""
