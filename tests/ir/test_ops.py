@@ -70,3 +70,20 @@ def test_rules_reject_bad_shapes_with_clear_message():
         graph.add("add", [a, b])
     with pytest.raises(ValueError, match=r"missing attribute 'dim'"):
         graph.add("softmax", [a], {})
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"dilation": [0, 1]}, r"dilation must be >= 1"),
+    ({"stride": [1, 0]}, r"stride must be >= 1"),
+    ({"padding": [-1, 0]}, r"padding must be >= 0"),
+    ({"groups": 0}, r"groups must be >= 1"),
+])
+def test_conv_rule_rejects_what_torch_refuses(attrs, message):
+    """Found by `opweave fuzz`: with an empty input torch skipped its own checks, and the
+    rule gave a shape for dilation 0 that torch did not compute."""
+    graph = Graph("conv")
+    x = graph.add_input("x", TensorType((1, 2, 5, 5), torch.float32))
+    w = graph.add_input("w", TensorType((2, 2, 2, 2), torch.float32))
+    full = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, **attrs}
+    with pytest.raises(registry.ShapeError, match=message):
+        graph.add("conv", [x, w], full)

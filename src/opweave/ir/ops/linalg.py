@@ -47,7 +47,12 @@ def _conv_shape(ins, attrs):
     for key in ("stride", "padding", "dilation"):
         if len(attrs[key]) != spatial:
             raise ShapeError(f"conv: {key} needs {spatial} values, got {attrs[key]}")
+        least = 0 if key == "padding" else 1
+        if any(v < least for v in attrs[key]):
+            raise ShapeError(f"conv: {key} must be >= {least}, got {attrs[key]}")
     groups = attrs["groups"]
+    if groups < 1:
+        raise ShapeError(f"conv: groups must be >= 1, got {groups}")
     if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
         raise ShapeError(f"conv: input {x} does not match weight {w} with groups={groups}")
     if len(ins) == 3 and ins[2].shape != (w.shape[0],):
