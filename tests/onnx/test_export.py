@@ -37,6 +37,14 @@ def test_any_over_an_empty_dim_is_false():
     _agree(g, torch.zeros(3, 0, dtype=torch.bool))
 
 
+def test_permute_of_a_scalar_exports():
+    """Found by `opweave fuzz`: Transpose with an empty perm had no attribute type."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((), torch.float32))
+    g.outputs = [g.add1("exp", [g.add1("permute", [x], {"dims": []})])]
+    _agree(g, torch.tensor(0.5))
+
+
 def test_integer_sum_and_exp_follow_torch_types():
     g = Graph("g")
     x = g.add_input("x", TensorType((2, 3), torch.int32))

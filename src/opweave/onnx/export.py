@@ -182,6 +182,8 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "reshape":  # allowzero: a 0 in the target means size 0, as in the IR
         w.op("Reshape", [ins[0], w.ints(a["shape"])], outs,
              **({"allowzero": 1} if 0 in a["shape"] else {}))
+    elif op == "permute" and out_type.rank == 0:  # ONNX cannot type an empty perm
+        w.op("Identity", ins, outs)
     elif op == "permute":
         w.op("Transpose", ins, outs, perm=[d % max(out_type.rank, 1) for d in a["dims"]])
     elif op == "expand":
