@@ -53,8 +53,9 @@ def size(case: oracle.Case) -> int:
 
 
 def minimize(case: oracle.Case, fails: Callable[[oracle.Case], bool], max_checks: int = 60) -> oracle.Case:
-    """The smallest case found (greedily) on which `fails` still holds: first outputs are
-    dropped, then nodes cut, each alone, until no single step keeps the failure."""
+    """The smallest case found (greedily) on which `fails` still holds: the earliest value
+    that fails alone becomes the only output (its consumers go), then nodes are cut one
+    at a time, until no single step keeps the failure."""
     checks = 0
 
     def attempt(candidate) -> bool:
@@ -70,27 +71,27 @@ def minimize(case: oracle.Case, fails: Callable[[oracle.Case], bool], max_checks
     changed = True
     while changed and checks < max_checks:
         changed = False
-        # one output at a time, then the others removed one by one
-        outputs = case.graph.outputs
-        if len(outputs) > 1:
-            for value in outputs:
+        # one value alone as the output, earliest first: drops every consumer after it
+        values = [v for n in case.graph.nodes if n.op != "constant" for v in n.outputs]
+        if len(values) > 1 or len(case.graph.outputs) > 1:
+            for value in values:
                 candidate = cut(case, set(), [value])
                 if attempt(candidate):
                     case, changed = candidate, True
                     break
-            else:
-                for value in list(outputs):
+            else:  # the failure needs several outputs: drop the others one by one
+                for value in list(case.graph.outputs):
                     candidate = cut(case, set(), [v for v in case.graph.outputs if v is not value])
                     if attempt(candidate):
                         case, changed = candidate, True
         # cut nodes, producers before consumers (a cut near the inputs frees the most)
-        for index in range(len(case.graph.nodes)):
-            if index >= len(case.graph.nodes):
-                break
+        index = 0
+        while index < len(case.graph.nodes) and checks < max_checks:
             node = case.graph.nodes[index]
+            index += 1
             if node.op == "constant":
                 continue
             candidate = cut(case, {node})
             if attempt(candidate):
-                case, changed = candidate, True
+                case, changed, index = candidate, True, 0
     return case
