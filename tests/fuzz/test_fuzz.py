@@ -142,3 +142,15 @@ def test_fixed_seed_sample_passes(tmp_path, capsys):
 def test_cli_refuses_unknown_paths(capsys):
     assert cli.main(["fuzz", "--graphs", "1", "--paths", "compile,nope"]) == 2
     assert "nope" in capsys.readouterr().err
+
+
+def test_rules_check_catches_a_rule_that_disagrees_with_its_implementation(monkeypatch):
+    from opweave.ir import registry
+
+    monkeypatch.setattr(registry.get("exp"), "dtype_rule", lambda ins, attrs: [torch.float64])
+    g = Graph("wrong_rule")
+    x = g.add_input("x", TensorType((2, 3), F32))
+    g.outputs = [g.add1("exp", [x])]
+    outcome = check.check_path(check.RULES, oracle.draw(g, seed=0))
+    assert outcome.failed and outcome.kind == "rules"
+    assert "rules give (f64[2,3]), the implementation (f32[2,3])" in outcome.message

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..ir import Graph
+from ..ir import Graph, TensorType
 
 LIMIT = 1e4  # larger float intermediates make the graph too ill-conditioned to compare
 
@@ -32,6 +32,10 @@ class Rejected(Exception):
     """The graph has no inputs on which eager runs cleanly; it is not a test."""
 
 
+class RuleMismatch(Exception):
+    """A node's reference implementation computed other types than its rules declare."""
+
+
 # (float low, float high, int low, int high): int values are drawn from [low, high)
 LADDER = [(-3.0, 3.0, -4, 5), (0.5, 2.0, 0, 3), (0.5, 1.5, 0, 2), (0.5, 1.5, 0, 1)]
 
@@ -45,8 +49,11 @@ def _tensor(shape, dtype, rung, gen: torch.Generator) -> torch.Tensor:
     return torch.randint(ilo, ihi, shape, generator=gen).to(dtype)
 
 
-def evaluate(graph: Graph, inputs, constants=None, *, f64: bool = False, check: bool = False):
-    """Every value's eager result (value -> tensor); `f64` promotes floats to float64."""
+def evaluate(graph: Graph, inputs, constants=None, *, f64: bool = False, check: bool = False,
+             types: bool = False):
+    """Every value's eager result (value -> tensor); `f64` promotes floats to float64.
+    `check` rejects non-finite or huge float values; `types` raises RuleMismatch where
+    a result's type is not the one the graph declares."""
     constants = graph.constants if constants is None else constants
     env = {}
     for value, tensor in zip(graph.inputs, inputs):
@@ -59,11 +66,21 @@ def evaluate(graph: Graph, inputs, constants=None, *, f64: bool = False, check: 
             attrs = {k: _promote_dtype(v) for k, v in node.attrs.items()} if f64 else node.attrs
             out = node.opdef.impl(*[env[v] for v in node.inputs], **attrs)
             results = list(out) if isinstance(out, (tuple, list)) else [out]
+        if types:
+            _check_types(node, results)
         for value, tensor in zip(node.outputs, results):
             if check:
                 _check(node, tensor)
             env[value] = tensor
     return env
+
+
+def _check_types(node, results) -> None:
+    got = [TensorType.of(t) if isinstance(t, torch.Tensor) else type(t).__name__ for t in results]
+    declared = [v.type for v in node.outputs]
+    if got != declared:
+        raise RuleMismatch(f"{node.op} {node.attrs}: the rules give ({', '.join(map(str, declared))}), "
+                           f"the implementation ({', '.join(map(str, got))})")
 
 
 def _check(node, tensor) -> None:
@@ -106,7 +123,10 @@ def draw(graph: Graph, seed: int) -> Case:
                      for name, t in sorted(graph.constants.items())}
         inputs = [_tensor(v.type.shape, v.type.dtype, rung, gen) for v in graph.inputs]
         try:
-            evaluate(graph, inputs, constants, check=True)
+            evaluate(graph, inputs, constants, check=True, types=True)
+        except RuleMismatch:  # a finding, not a reason to reject: the "rules" check reports it
+            graph.constants.update(constants)
+            return Case(graph, inputs)
         except Rejected as err:
             why = str(err)
             continue
