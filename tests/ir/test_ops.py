@@ -87,3 +87,15 @@ def test_conv_rule_rejects_what_torch_refuses(attrs, message):
     full = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, **attrs}
     with pytest.raises(registry.ShapeError, match=message):
         graph.add("conv", [x, w], full)
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "batch_norm_train", "batch_norm_backward"])
+def test_batch_norm_rules_reject_integer_operands(op):
+    """Found by `opweave fuzz`: the rules took integer statistics, on which torch's
+    batch-norm backward dies of SIGFPE for an empty batch."""
+    graph = Graph("bn")
+    x = graph.add_input("x", TensorType((0, 2, 5), torch.float32))
+    stat = graph.add_input("s", TensorType((2,), torch.int64))
+    inputs = [x, x, stat, stat, stat] if op == "batch_norm_backward" else [x] + [stat] * 4
+    with pytest.raises(registry.ShapeError, match="floating-point operands"):
+        graph.add(op, inputs)
