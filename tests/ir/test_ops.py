@@ -91,11 +91,20 @@ def test_conv_rule_rejects_what_torch_refuses(attrs, message):
 
 @pytest.mark.parametrize("op", ["batch_norm", "batch_norm_train", "batch_norm_backward"])
 def test_batch_norm_rules_reject_integer_operands(op):
-    """Found by `opweave fuzz`: the rules took integer statistics, on which torch's
-    batch-norm backward dies of SIGFPE for an empty batch."""
+    """Found by `opweave fuzz`: the rules took integer statistics."""
     graph = Graph("bn")
-    x = graph.add_input("x", TensorType((0, 2, 5), torch.float32))
+    x = graph.add_input("x", TensorType((3, 2, 5), torch.float32))
     stat = graph.add_input("s", TensorType((2,), torch.int64))
     inputs = [x, x, stat, stat, stat] if op == "batch_norm_backward" else [x] + [stat] * 4
     with pytest.raises(registry.ShapeError, match="floating-point operands"):
         graph.add(op, inputs)
+
+
+def test_batch_norm_backward_rule_rejects_an_empty_input():
+    """Found by `opweave fuzz`: torch's kernel dies of SIGFPE on one (any dtype), so the
+    IR must not hold one for the executor to run."""
+    graph = Graph("bn")
+    x = graph.add_input("x", TensorType((0, 2, 5), torch.float32))
+    stat = graph.add_input("s", TensorType((2,), torch.float32))
+    with pytest.raises(registry.ShapeError, match="empty input"):
+        graph.add("batch_norm_backward", [x, x, stat, stat, stat])

@@ -11,7 +11,7 @@ from ..files import atomic_write
 from ..ir import print_graph
 from . import oracle
 
-_TEMPLATE = '''"""opweave fuzz reproducer: the {path} path {summary}.
+_TEMPLATE = '''"""opweave fuzz reproducer: {paths_text} {summary}.
 
     {kind}: {message}
 
@@ -26,7 +26,7 @@ from opweave.fuzz.check import check_path
 from opweave.fuzz.oracle import Case
 from opweave.ir import parse_graph
 
-PATH = {path!r}
+PATHS = {paths!r}
 SEED = {seed}
 GRAPH = """\\
 {graph}"""
@@ -37,10 +37,12 @@ CONSTANTS = {{
 
 
 def main() -> int:
-    case = Case(parse_graph(GRAPH, CONSTANTS), INPUTS)
-    outcome = check_path(PATH, case, SEED)
-    print(f"{{outcome.path}}: {{outcome.status}} {{outcome.kind}} {{outcome.message}}".strip())
-    return 1 if outcome.failed else 0
+    failed = False
+    for path in PATHS:
+        outcome = check_path(path, Case(parse_graph(GRAPH, CONSTANTS), INPUTS), SEED)
+        print(f"{{outcome.path}}: {{outcome.status}} {{outcome.kind}} {{outcome.message}}".strip())
+        failed = failed or outcome.failed
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
@@ -71,13 +73,17 @@ def tensor_literal(t: torch.Tensor) -> str:
     return f"torch.tensor({values}, dtype={dtype}).reshape({shape})"
 
 
-def write(directory: "str | os.PathLike", name: str, case: oracle.Case, *, path: str, seed: int,
+def write(directory: "str | os.PathLike", name: str, case: oracle.Case, *, path, seed: int,
           kind: str, message: str) -> Path:
-    """Write the reproducer `directory/name.py` atomically; returns its path."""
+    """Write the reproducer `directory/name.py` atomically; returns its path. `path`: the
+    path that fails, or a list of paths to run."""
     target = Path(directory) / f"{name}.py"
-    summary = "fails" if kind != "mismatch" else "differs from eager"
+    paths = [path] if isinstance(path, str) else list(path)
+    summary = {"mismatch": "differs from eager", "running": "was running when the fuzzer stopped"}
+    summary = summary.get(kind, "fails")
     text = _TEMPLATE.format(
-        path=path, summary=summary, kind=kind, message=message.replace('"""', "'''").replace("\\", "\\\\"),
+        paths=paths, paths_text=f"the {paths[0]} path" if len(paths) == 1 else "paths " + ", ".join(paths),
+        summary=summary, kind=kind, message=message.replace('"""', "'''").replace("\\", "\\\\"),
         seed=seed, nodes=sum(1 for n in case.graph.nodes if n.op != "constant"),
         filename=target.name, graph=print_graph(case.graph).replace("\\", "\\\\"),
         inputs="".join(f"    {tensor_literal(t)},\n" for t in case.inputs),

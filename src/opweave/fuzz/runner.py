@@ -68,6 +68,7 @@ def draw_case(seed: int, index: int, config: FuzzConfig) -> tuple[int, oracle.Ca
 def fuzz(config: FuzzConfig, log: Callable[[str], None] = print) -> Summary:
     summary = Summary()
     start = time.monotonic()
+    created = bool(config.out) and not Path(config.out).exists()
     for index in range(config.graphs):
         if config.time_budget is not None and time.monotonic() - start > config.time_budget:
             log(f"time budget of {config.time_budget:g}s spent after {index} graphs")
@@ -78,11 +79,15 @@ def fuzz(config: FuzzConfig, log: Callable[[str], None] = print) -> Summary:
             continue
         s, case = drawn
         summary.ops.update(n.op for n in case.graph.nodes)
+        # a crash (a kernel's SIGSEGV or SIGFPE) takes the process: leave this graph behind
+        running = _mark_running(config, case, s)
         outcomes = [check.check_path(check.RULES, case, s)]
         if not outcomes[0].failed:  # the other paths trust the rules
             outcomes = [check.check_path(path, case, s) for path in config.paths]
         for o in outcomes:
             summary.paths[o.path, o.status] += 1
+        if running is not None:
+            running.unlink(missing_ok=True)
         failed = [o for o in outcomes if o.failed]
         if not failed:
             summary.passed += 1
@@ -95,7 +100,20 @@ def fuzz(config: FuzzConfig, log: Callable[[str], None] = print) -> Summary:
         log(f"FAIL graph {index} (seed {s}) {failure.outcome.path}: {failure.outcome.kind}: "
             f"{failure.outcome.message[:300]} [{failure.nodes} node(s)]{others}{where}")
     summary.seconds = time.monotonic() - start
+    if created and Path(config.out).is_dir() and not any(Path(config.out).iterdir()):
+        Path(config.out).rmdir()  # only the running marker was ever written there
     return summary
+
+
+RUNNING = "running-when-killed"
+
+
+def _mark_running(config: FuzzConfig, case: oracle.Case, seed: int) -> Path | None:
+    if not config.out:
+        return None
+    return reproducer.write(config.out, RUNNING, case, path=(check.RULES,) + tuple(config.paths),
+                            seed=seed, kind="running",
+                            message="this graph was being checked when the fuzzer died")
 
 
 def _record(index: int, seed: int, case: oracle.Case, outcome: check.Outcome,
