@@ -89,6 +89,19 @@ def test_conv_rule_rejects_what_torch_refuses(attrs, message):
         graph.add("conv", [x, w], full)
 
 
+@pytest.mark.parametrize("x, w, out", [((4, 0, 1), (4, 0, 1), (4, 0, 3)),
+                                        ((0, 2, 5), (3, 2, 2), (0, 3, 6))])
+def test_conv_of_an_empty_input_has_the_shape_torch_gives(x, w, out):
+    """Found by `opweave fuzz`: torch gives an input without channels an output without
+    channels; the rule said the weight's channel count."""
+    graph = Graph("conv")
+    xv = graph.add_input("x", TensorType(x, torch.float32))
+    wv = graph.add_input("w", TensorType(w, torch.float32))
+    y = graph.add1("conv", [xv, wv], {"stride": [1], "padding": [1], "dilation": [1]})
+    assert y.type.shape == out == tuple(registry.get("conv").impl(
+        torch.zeros(x), torch.zeros(w), stride=[1], padding=[1], dilation=[1], groups=1).shape)
+
+
 @pytest.mark.parametrize("op", ["batch_norm", "batch_norm_train", "batch_norm_backward"])
 def test_batch_norm_rules_reject_integer_operands(op):
     """Found by `opweave fuzz`: the rules took integer statistics."""

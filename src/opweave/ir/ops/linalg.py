@@ -61,7 +61,13 @@ def _conv_shape(ins, attrs):
                           attrs["dilation"][i]) for i in range(spatial)]
     if any(o <= 0 for o in out):
         raise ShapeError(f"conv: output would be empty for input {x} and weight {w}")
-    return [(x.shape[0], w.shape[0], *out)]
+    if not w.shape[0]:
+        raise ShapeError(f"conv: weight {w} has no output channels")
+    if 0 in x.shape[2:] and x.shape[0] and x.shape[1]:
+        raise ShapeError(f"conv: input {x} has an empty spatial dim but not an empty batch "
+                         f"or channel dim (torch refuses it)")
+    # torch gives an input without channels an output without channels, whatever the weight
+    return [(x.shape[0], w.shape[0] if x.shape[1] else 0, *out)]
 
 
 def _conv_flops(ins, outs, attrs):
