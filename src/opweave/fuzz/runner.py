@@ -11,6 +11,7 @@ from typing import Callable
 from . import check, minimize, oracle, reproducer
 from .generate import GenConfig, generate
 
+PROGRESS_EVERY = 100
 REDRAWS = 20  # graphs tried per slot before giving up on it (eager rejects the rest)
 
 
@@ -69,7 +70,20 @@ def fuzz(config: FuzzConfig, log: Callable[[str], None] = print) -> Summary:
     summary = Summary()
     start = time.monotonic()
     created = bool(config.out) and not Path(config.out).exists()
+    try:
+        _loop(config, summary, start, log)
+    except KeyboardInterrupt:  # the summary so far is still worth printing
+        log("interrupted")
+    summary.seconds = time.monotonic() - start
+    if created and Path(config.out).is_dir() and not any(Path(config.out).iterdir()):
+        Path(config.out).rmdir()  # only the running marker was ever written there
+    return summary
+
+
+def _loop(config: FuzzConfig, summary: Summary, start: float, log) -> None:
     for index in range(config.graphs):
+        if index and index % PROGRESS_EVERY == 0:
+            log(f"... {index} graphs: {summary.failed} failed ({time.monotonic() - start:.0f}s)")
         if config.time_budget is not None and time.monotonic() - start > config.time_budget:
             log(f"time budget of {config.time_budget:g}s spent after {index} graphs")
             break
@@ -99,10 +113,6 @@ def fuzz(config: FuzzConfig, log: Callable[[str], None] = print) -> Summary:
         others = f" (also fails: {', '.join(o.path for o in failed[1:])})" if failed[1:] else ""
         log(f"FAIL graph {index} (seed {s}) {failure.outcome.path}: {failure.outcome.kind}: "
             f"{failure.outcome.message[:300]} [{failure.nodes} node(s)]{others}{where}")
-    summary.seconds = time.monotonic() - start
-    if created and Path(config.out).is_dir() and not any(Path(config.out).iterdir()):
-        Path(config.out).rmdir()  # only the running marker was ever written there
-    return summary
 
 
 RUNNING = "running-when-killed"
