@@ -121,3 +121,12 @@ def test_batch_norm_backward_rule_rejects_an_empty_input():
     stat = graph.add_input("s", TensorType((2,), torch.float32))
     with pytest.raises(registry.ShapeError, match="empty input"):
         graph.add("batch_norm_backward", [x, x, stat, stat, stat])
+
+
+def test_arange_rule_rejects_a_fractional_step_with_an_integer_dtype():
+    """Found by `opweave fuzz`: torch.export and Dynamo fail on it ("step must be
+    nonzero") while eager computes [0, 0]."""
+    graph = Graph("arange")
+    with pytest.raises(registry.ShapeError, match="fractional bounds or step"):
+        graph.add("arange", [], {"start": 0, "end": 1, "step": 0.5, "dtype": torch.int32})
+    assert graph.add1("arange", [], {"end": 3.0, "step": 1.0, "dtype": torch.int64}).type.shape == (3,)
