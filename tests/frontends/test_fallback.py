@@ -63,6 +63,21 @@ def test_dtype_conversions_compile_without_fallback():
         torch.testing.assert_close(got, expected)
 
 
+def test_cat_of_only_empty_vectors_compiles_without_fallback():
+    """Found by `opweave fuzz`: dropping the legacy 1-d empties left nothing to index."""
+    class Cat(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x]) + 1, torch.cat([x, x]), torch.cat([x, y])
+
+    x, y = torch.empty(0, dtype=torch.int64), torch.arange(3)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(Cat(), (x, y))
+    assert not _fallback_warnings(record)
+    for got, expected in zip(compiled(x, y), Cat()(x, y)):
+        torch.testing.assert_close(got, expected)
+
+
 def test_torch_compile_backend_falls_back_too():
     model, x = WithCumsum(), torch.randn(4, 8, requires_grad=True)
     compiled = torch.compile(model, backend="opweave")

@@ -320,7 +320,8 @@ def _select(ctx, x, dim, index):
 @lowers(aten.cat.default)
 def _cat(ctx, tensors, dim=0):
     values = [ctx.value(t) for t in tensors]
-    values = [v for v in values if not (v.type.rank == 1 and v.type.shape[0] == 0)]  # legacy empties
+    # legacy 1-d empties take no part, unless they are all there is (the result is one)
+    values = [v for v in values if not (v.type.rank == 1 and v.type.shape[0] == 0)] or values[:1]
     if len(values) == 1:
         return values[0]
     return ctx.add1("cat", values, {"dim": dim % values[0].type.rank})
