@@ -117,6 +117,31 @@ def _bench(args) -> int:
     return 1 if failures else 0
 
 
+def _fuzz(args) -> int:
+    import warnings
+
+    from .fuzz import check
+    from .fuzz.runner import FuzzConfig, fuzz, report
+
+    paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
+    unknown = set(paths) - set(check.PATHS)
+    if unknown or not paths:
+        print(f"opweave fuzz: unknown path(s) {sorted(unknown)}; known: {', '.join(check.PATHS)}",
+              file=sys.stderr)
+        return 2
+    if args.graphs < 0 or args.max_nodes < 1:
+        print("opweave fuzz: --graphs must be >= 0 and --max-nodes >= 1", file=sys.stderr)
+        return 2
+    config = FuzzConfig(graphs=args.graphs, seed=args.seed, max_nodes=args.max_nodes,
+                        paths=paths, out=args.out, time_budget=args.time_budget,
+                        minimize=not args.no_minimize)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # per-graph warnings are the fuzzer's to judge
+        summary = fuzz(config, log=lambda line: print(line, flush=True))
+    print(report(summary, config))
+    return 1 if summary.failed else 0
+
+
 def _opweave_sound(model, config) -> bool:
     from .bench.harness import TOLERANCE
 
@@ -165,6 +190,7 @@ def main(argv=None) -> int:
     p.add_argument("--runs", type=int, default=10)
     p.set_defaults(func=_demo)
     _add_bench_parser(sub, models)
+    _add_fuzz_parser(sub)
     from .onnx.cli import add_parsers
     from .tune.cli import add_parsers as add_tune_parsers
 
@@ -179,6 +205,22 @@ def main(argv=None) -> int:
         return args.func(args)
     except KeyboardInterrupt:
         return 130
+
+
+def _add_fuzz_parser(sub) -> None:
+    p = sub.add_parser("fuzz", help="differential fuzzing: random graphs through every path "
+                                    "against eager")
+    p.add_argument("--graphs", type=int, default=100, help="graphs to check (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-nodes", type=int, default=8, help="ops per graph, at most")
+    p.add_argument("--paths", default="compile,dynamo,onnx,train",
+                   help="comma-separated: compile, dynamo, onnx, train")
+    p.add_argument("--out", default="opweave-fuzz-failures",
+                   help="directory for the minimised reproducers")
+    p.add_argument("--time-budget", type=float, default=None,
+                   help="seconds; no new graph starts after it")
+    p.add_argument("--no-minimize", action="store_true", help="write failures unminimised")
+    p.set_defaults(func=_fuzz)
 
 
 def _add_bench_parser(sub, models) -> None:

@@ -45,6 +45,39 @@ def test_opweave_compile_splits_around_unsupported_op_and_warns_once():
     assert cov.segments == 2  # before and after the eager cumsums
 
 
+class WithCasts(torch.nn.Module):
+    """`.to(dtype)` exports as `_assert_tensor_metadata` (no outputs) before `_to_copy`."""
+
+    def forward(self, x):
+        return x.to(torch.float64) * 2, x.to(torch.int64, copy=True) + 1, x.double().sum()
+
+
+def test_dtype_conversions_compile_without_fallback():
+    model, x = WithCasts(), torch.randn(3, 4) * 4
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(model, (x,))
+    assert not _fallback_warnings(record)
+    assert compiled.coverage.fallback == {} and compiled.coverage.segments == 1
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected)
+
+
+def test_cat_of_only_empty_vectors_compiles_without_fallback():
+    """Found by `opweave fuzz`: dropping the legacy 1-d empties left nothing to index."""
+    class Cat(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.cat([x]) + 1, torch.cat([x, x]), torch.cat([x, y])
+
+    x, y = torch.empty(0, dtype=torch.int64), torch.arange(3)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(Cat(), (x, y))
+    assert not _fallback_warnings(record)
+    for got, expected in zip(compiled(x, y), Cat()(x, y)):
+        torch.testing.assert_close(got, expected)
+
+
 def test_torch_compile_backend_falls_back_too():
     model, x = WithCumsum(), torch.randn(4, 8, requires_grad=True)
     compiled = torch.compile(model, backend="opweave")

@@ -70,3 +70,63 @@ def test_rules_reject_bad_shapes_with_clear_message():
         graph.add("add", [a, b])
     with pytest.raises(ValueError, match=r"missing attribute 'dim'"):
         graph.add("softmax", [a], {})
+
+
+@pytest.mark.parametrize("attrs, message", [
+    ({"dilation": [0, 1]}, r"dilation must be >= 1"),
+    ({"stride": [1, 0]}, r"stride must be >= 1"),
+    ({"padding": [-1, 0]}, r"padding must be >= 0"),
+    ({"groups": 0}, r"groups must be >= 1"),
+])
+def test_conv_rule_rejects_what_torch_refuses(attrs, message):
+    """Found by `opweave fuzz`: with an empty input torch skipped its own checks, and the
+    rule gave a shape for dilation 0 that torch did not compute."""
+    graph = Graph("conv")
+    x = graph.add_input("x", TensorType((1, 2, 5, 5), torch.float32))
+    w = graph.add_input("w", TensorType((2, 2, 2, 2), torch.float32))
+    full = {"stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1, **attrs}
+    with pytest.raises(registry.ShapeError, match=message):
+        graph.add("conv", [x, w], full)
+
+
+@pytest.mark.parametrize("x, w, out", [((4, 0, 1), (4, 0, 1), (4, 0, 3)),
+                                        ((0, 2, 5), (3, 2, 2), (0, 3, 6))])
+def test_conv_of_an_empty_input_has_the_shape_torch_gives(x, w, out):
+    """Found by `opweave fuzz`: torch gives an input without channels an output without
+    channels; the rule said the weight's channel count."""
+    graph = Graph("conv")
+    xv = graph.add_input("x", TensorType(x, torch.float32))
+    wv = graph.add_input("w", TensorType(w, torch.float32))
+    y = graph.add1("conv", [xv, wv], {"stride": [1], "padding": [1], "dilation": [1]})
+    assert y.type.shape == out == tuple(registry.get("conv").impl(
+        torch.zeros(x), torch.zeros(w), stride=[1], padding=[1], dilation=[1], groups=1).shape)
+
+
+@pytest.mark.parametrize("op", ["batch_norm", "batch_norm_train", "batch_norm_backward"])
+def test_batch_norm_rules_reject_integer_operands(op):
+    """Found by `opweave fuzz`: the rules took integer statistics."""
+    graph = Graph("bn")
+    x = graph.add_input("x", TensorType((3, 2, 5), torch.float32))
+    stat = graph.add_input("s", TensorType((2,), torch.int64))
+    inputs = [x, x, stat, stat, stat] if op == "batch_norm_backward" else [x] + [stat] * 4
+    with pytest.raises(registry.ShapeError, match="floating-point operands"):
+        graph.add(op, inputs)
+
+
+def test_batch_norm_backward_rule_rejects_an_empty_input():
+    """Found by `opweave fuzz`: torch's kernel dies of SIGFPE on one (any dtype), so the
+    IR must not hold one for the executor to run."""
+    graph = Graph("bn")
+    x = graph.add_input("x", TensorType((0, 2, 5), torch.float32))
+    stat = graph.add_input("s", TensorType((2,), torch.float32))
+    with pytest.raises(registry.ShapeError, match="empty input"):
+        graph.add("batch_norm_backward", [x, x, stat, stat, stat])
+
+
+def test_arange_rule_rejects_a_fractional_step_with_an_integer_dtype():
+    """Found by `opweave fuzz`: torch.export and Dynamo fail on it ("step must be
+    nonzero") while eager computes [0, 0]."""
+    graph = Graph("arange")
+    with pytest.raises(registry.ShapeError, match="fractional bounds or step"):
+        graph.add("arange", [], {"start": 0, "end": 1, "step": 0.5, "dtype": torch.int32})
+    assert graph.add1("arange", [], {"end": 3.0, "step": 1.0, "dtype": torch.int64}).type.shape == (3,)

@@ -37,6 +37,25 @@ def test_any_over_an_empty_dim_is_false():
     _agree(g, torch.zeros(3, 0, dtype=torch.bool))
 
 
+def test_permute_of_a_scalar_exports():
+    """Found by `opweave fuzz`: Transpose with an empty perm had no attribute type."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((), torch.float32))
+    g.outputs = [g.add1("exp", [g.add1("permute", [x], {"dims": []})])]
+    _agree(g, torch.tensor(0.5))
+
+
+def test_integer_power_of_zero_to_a_negative_exponent_is_zero_as_in_torch():
+    """Found by `opweave fuzz`: the round trip gave INT64_MIN (a float infinity cast)."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((5,), torch.int64))
+    e = g.add_input("e", TensorType((5,), torch.int64))
+    g.outputs = [g.add1("pow", [x, e])]
+    x_, e_ = torch.tensor([0, 2, -2, 1, 3]), torch.tensor([-3, -1, -1, -3, 2])
+    got = opweave.from_onnx(opweave.to_onnx(g))(x_, e_)[0]
+    assert got.tolist() == torch.pow(x_, e_).tolist() == [0, 0, 0, 1, 9]
+
+
 def test_integer_sum_and_exp_follow_torch_types():
     g = Graph("g")
     x = g.add_input("x", TensorType((2, 3), torch.int32))

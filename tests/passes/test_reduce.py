@@ -104,3 +104,14 @@ def test_a_column_sum_reads_through_the_reshape_to_its_producer():
     (s,) = _reductions(after)
     assert s.inputs[0].producer.op == "tanh" and sorted(s.attrs["dims"]) == [0, 1]
     assert "sum-through-reshape" in report.fired
+
+
+def test_a_sum_of_a_reshape_to_a_scalar_is_left_alone():
+    """Found by `opweave fuzz` (amin's gradient in a training step): sum-through-reshape
+    indexed the last axis of a rank-0 reshape and crashed the rewrite pass."""
+    g = Graph("scalar_view")
+    x = g.add_input("x", TensorType((1, 1), F32))
+    scalar = g.add1("reshape", [g.add1("exp", [x])], {"shape": []})
+    g.outputs = [g.add1("sum", [scalar], {"dims": [], "keepdim": False})]
+    after, report = _rewritten(g, torch.randn(1, 1))
+    assert "sum-through-reshape" not in report.fired

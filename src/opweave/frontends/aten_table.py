@@ -167,6 +167,21 @@ def _to_copy(ctx, x, dtype=None, layout=None, device=None, pin_memory=None, non_
     return ctx.add1("cast", [v], {"dtype": dtype or v.type.dtype})
 
 
+@lowers(aten._assert_tensor_metadata.default)
+def _assert_tensor_metadata(ctx, x, size=None, stride=None, dtype=None, *, device=None,
+                            layout=None):
+    """torch.export's check before each `.to()`: decided from the static type, it lowers
+    to nothing. A check the type cannot decide, or one that fails, runs in eager (where a
+    failing one raises as it would have)."""
+    t = ctx.value(x).type
+    if stride is not None or (size is not None and list(size) != list(t.shape)) \
+            or (dtype is not None and dtype != t.dtype) \
+            or (device is not None and torch.device(device).type != "cpu") \
+            or layout not in (None, torch.strided):
+        raise Unsupported("a metadata check the static type does not settle")
+    return None
+
+
 # -- creation --------------------------------------------------------------------------------
 def _default_dtype(value):
     return torch.tensor(value).dtype if not isinstance(value, float) else torch.get_default_dtype()
@@ -305,7 +320,8 @@ def _select(ctx, x, dim, index):
 @lowers(aten.cat.default)
 def _cat(ctx, tensors, dim=0):
     values = [ctx.value(t) for t in tensors]
-    values = [v for v in values if not (v.type.rank == 1 and v.type.shape[0] == 0)]  # legacy empties
+    # legacy 1-d empties take no part, unless they are all there is (the result is one)
+    values = [v for v in values if not (v.type.rank == 1 and v.type.shape[0] == 0)] or values[:1]
     if len(values) == 1:
         return values[0]
     return ctx.add1("cat", values, {"dim": dim % values[0].type.rank})

@@ -115,7 +115,9 @@ def _write_node(w: _Writer, node: Node) -> None:
         w.op("Cast", ins, outs, to=TORCH_TO_ONNX[a["dtype"]])
     elif op in _ARITH or op == "div":
         args = [w.cast_to(n, v.type.dtype, out_type.dtype) for n, v in zip(ins, node.inputs)]
-        if op != "div":
+        if op == "pow" and out_type.dtype not in dtypes.FLOAT_DTYPES:
+            _integer_pow(w, args, outs[0], out_type.dtype)
+        elif op != "div":
             w.op(_ARITH[op], args, outs)
         elif a["rounding"] == "none" or (a["rounding"] == "trunc" and out_type.dtype not in dtypes.FLOAT_DTYPES):
             w.op("Div", args, outs)
@@ -182,6 +184,8 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "reshape":  # allowzero: a 0 in the target means size 0, as in the IR
         w.op("Reshape", [ins[0], w.ints(a["shape"])], outs,
              **({"allowzero": 1} if 0 in a["shape"] else {}))
+    elif op == "permute" and out_type.rank == 0:  # ONNX cannot type an empty perm
+        w.op("Identity", ins, outs)
     elif op == "permute":
         w.op("Transpose", ins, outs, perm=[d % max(out_type.rank, 1) for d in a["dims"]])
     elif op == "expand":
@@ -200,6 +204,15 @@ def _write_node(w: _Writer, node: Node) -> None:
     else:
         raise OnnxExportError(f"IR op {op!r} has no ONNX form in opweave's exporter "
                               f"(node {outs[0]})")
+
+
+def _integer_pow(w: _Writer, args: list[str], out: str, dtype: torch.dtype) -> None:
+    """torch's integer power gives 0 for 0 to a negative power; ONNX's Pow (a float power
+    truncated back, in the reference) gives the cast of infinity. Elsewhere they agree."""
+    base, exponent = args
+    zero = w.scalar(0, dtype, "zero")
+    undefined = w.op1("And", [w.op1("Equal", [base, zero]), w.op1("Less", [exponent, zero])])
+    w.op("Where", [undefined, zero, w.op1("Pow", args)], [out])
 
 
 def _adaptive_max_pool(w: _Writer, node: Node, x: str, out: str) -> None:

@@ -31,6 +31,12 @@ def _arange_shape(ins, attrs):
     start, end, step = attrs["start"], attrs["end"], attrs["step"]
     if step == 0:
         raise ShapeError("arange: step must not be zero")
+    if not attrs["dtype"].is_floating_point and any(
+            isinstance(v, float) and not v.is_integer() for v in (start, end, step)):
+        # eager steps in floats and truncates; torch.export and Dynamo cast the bounds
+        # and step to the dtype first (a step of 0.5 becomes 0): no two agree
+        raise ShapeError(f"arange: fractional bounds or step ({start}, {end}, {step}) with "
+                         f"integer dtype {attrs['dtype']}")
     return [(len(torch.arange(start, end, step, device="meta")),)]
 
 

@@ -47,7 +47,12 @@ def _conv_shape(ins, attrs):
     for key in ("stride", "padding", "dilation"):
         if len(attrs[key]) != spatial:
             raise ShapeError(f"conv: {key} needs {spatial} values, got {attrs[key]}")
+        least = 0 if key == "padding" else 1
+        if any(v < least for v in attrs[key]):
+            raise ShapeError(f"conv: {key} must be >= {least}, got {attrs[key]}")
     groups = attrs["groups"]
+    if groups < 1:
+        raise ShapeError(f"conv: groups must be >= 1, got {groups}")
     if x.shape[1] != w.shape[1] * groups or w.shape[0] % groups:
         raise ShapeError(f"conv: input {x} does not match weight {w} with groups={groups}")
     if len(ins) == 3 and ins[2].shape != (w.shape[0],):
@@ -56,7 +61,13 @@ def _conv_shape(ins, attrs):
                           attrs["dilation"][i]) for i in range(spatial)]
     if any(o <= 0 for o in out):
         raise ShapeError(f"conv: output would be empty for input {x} and weight {w}")
-    return [(x.shape[0], w.shape[0], *out)]
+    if not w.shape[0]:
+        raise ShapeError(f"conv: weight {w} has no output channels")
+    if 0 in x.shape[2:] and x.shape[0] and x.shape[1]:
+        raise ShapeError(f"conv: input {x} has an empty spatial dim but not an empty batch "
+                         f"or channel dim (torch refuses it)")
+    # torch gives an input without channels an output without channels, whatever the weight
+    return [(x.shape[0], w.shape[0] if x.shape[1] else 0, *out)]
 
 
 def _conv_flops(ins, outs, attrs):

@@ -139,13 +139,22 @@ def _batch_norm_shape(ins, attrs):
     return [x.shape]
 
 
+def _norm_dtypes(count):
+    """Batch norm's operands are all floating point (torch's kernels assume it)."""
+    def rule(ins, attrs):
+        if not all(t.dtype.is_floating_point for t in ins):
+            raise ShapeError(f"batch norm needs floating-point operands, got {', '.join(map(str, ins))}")
+        return [ins[0].dtype] * count
+    return rule
+
+
 def _batch_norm(x, weight, bias, mean, var, eps):
     """Batch normalization with fixed statistics (inference)."""
     return torch.nn.functional.batch_norm(x, mean, var, weight, bias, False, 0.0, eps)
 
 
 # With fixed statistics each output element depends on one input element: one-to-one.
-define("batch_norm", 5, MappingType.ONE_TO_ONE, _batch_norm_shape, lambda ins, a: [ins[0].dtype], _batch_norm,
+define("batch_norm", 5, MappingType.ONE_TO_ONE, _batch_norm_shape, _norm_dtypes(1), _batch_norm,
        attrs={"eps": Attr("float", 1e-5)}, flops=per_input_element(2))
 
 
@@ -167,13 +176,15 @@ def _batch_norm_train(x, weight, bias, running_mean, running_var, momentum, eps)
 
 
 define("batch_norm_train", 5, MappingType.MANY_TO_MANY, _batch_norm_train_shapes,
-       lambda ins, a: [ins[0].dtype] * 5, _batch_norm_train,
+       _norm_dtypes(5), _batch_norm_train,
        attrs={"momentum": Attr("float", 0.1), "eps": Attr("float", 1e-5)},
        flops=per_input_element(6))
 
 
 def _batch_norm_backward_shapes(ins, attrs):
     grad, x, weight, mean, invstd = ins
+    if not x.numel:  # torch 2.13's CPU kernel dies of SIGFPE on one, killing the process
+        raise ShapeError(f"batch_norm_backward of an empty input {x}")
     if grad.shape != x.shape:
         raise ShapeError(f"batch_norm_backward: gradient {grad} does not match input {x}")
     _batch_norm_shape([x, weight, mean, invstd], attrs)
@@ -188,5 +199,5 @@ def _batch_norm_backward(grad, x, weight, mean, invstd, eps):
 
 
 define("batch_norm_backward", 5, MappingType.MANY_TO_MANY, _batch_norm_backward_shapes,
-       lambda ins, a: [ins[0].dtype] * 3, _batch_norm_backward,
+       _norm_dtypes(3), _batch_norm_backward,
        attrs={"eps": Attr("float", 1e-5)}, flops=per_input_element(8))

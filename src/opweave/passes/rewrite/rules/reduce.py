@@ -158,7 +158,8 @@ def sum_through_reshape(b, m):
     input: the sum then reads the tensor its producer wrote, and can fuse with it"""
     s, t = m.node("s"), b.type(m["x"])
     viewed = b.type(m["r"])
-    require(t.rank >= 2 and t.shape[-1] == viewed.shape[-1], "the reshape moves the last axis")
+    require(t.rank >= 2 and viewed.rank >= 1 and t.shape[-1] == viewed.shape[-1],
+            "the reshape moves the last axis")
     require(column_sum_axes(list(viewed.shape), _reduced(s, viewed)), "not a column sum")
     total = b.op("sum", m["x"], dims=list(range(t.rank - 1)), keepdim=False)
     out = b.type(m.root).shape
