@@ -36,7 +36,8 @@ class Options:
     fusion: str = "ilp"
     # choose between library forms (oneDNN, MKL, reference ops) by timing them here
     measure: bool = True
-    # no wall-clock deadline decides anything (saturation, extraction, partition ILP)
+    # no wall-clock deadline decides anything (saturation, extraction, partition ILP):
+    # construction replaces them by work counts in `rewrite` and `partition_seconds`
     deterministic: bool = False
     verify: bool = True               # verify the IR after every pass
     debug_dir: str | None = None      # dump the IR after every pass here
@@ -66,9 +67,7 @@ class Options:
             raise TypeError(f"options must be opweave.Options, not {type(options).__name__}")
         changes = {}
         if rewrite is not None:
-            changes["rewrite"] = RewriteOptions.resolve(rewrite)
-            if options.deterministic:
-                changes["rewrite"] = changes["rewrite"].without_deadlines()
+            changes["rewrite"] = RewriteOptions.resolve(rewrite)  # deadlines: __post_init__
         if fusion is not None:
             changes["fusion"] = "off" if fusion is False else fusion
         return replace(options, **changes) if changes else options

@@ -263,3 +263,26 @@ def test_layout_free_kernel_keeps_channels_last_without_copies():
     # mixed layouts fall back to contiguous copies, still correct
     (out,) = step.fn(x, y.contiguous())
     torch.testing.assert_close(out, torch.relu(x + y))
+
+
+def test_layer_norm_statistics_read_in_its_own_group_stay_unfused():
+    """Found by opweave fuzz (a training graph): a pointwise op reading layer norm's mean
+    was fused with it, and the row kernel has no mean to hand over (fusion crashed)."""
+    import warnings
+
+    from opweave.codegen import FusionWarning
+    from opweave.ir import parse_graph
+
+    g = parse_graph("""graph @ln_stats(%x: f32[1], %m: f32[1]) {
+      %y: f32[1], %mean: f32[1], %rstd: f32[1] = layer_norm(%m, %m, %x) {normalized_shape=[1], eps=0.5}
+      %d: f32[1] = sub(%m, %mean)
+      %e: f32[1] = mul(%rstd, %d)
+      return %y, %e
+    }""", {})
+    x, m = torch.tensor([-1.7]), torch.tensor([0.6])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FusionWarning)
+        lowered = lower(g, "ilp", measure=False)
+    got = Executor(g, steps=lowered.steps)(x, m)
+    for a, e in zip(got, Executor(g)(x, m)):
+        torch.testing.assert_close(a, e)

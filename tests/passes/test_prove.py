@@ -87,7 +87,7 @@ def test_counterexamples_torch_does_not_reproduce_are_not_claimed(monkeypatch):
     its work budget, or finds an f that torch does not reproduce), never a made-up
     counterexample."""
     _rsqrt_impl(monkeypatch, lambda x: 1 / torch.sqrt(x))
-    outcome = prove_rule(registered("rsqrt"))
+    outcome = prove_rule(registered("rsqrt"), budget=1_000_000)  # a count: same everywhere
     assert outcome.startswith("not decidable here ("), outcome
 
 
