@@ -32,3 +32,39 @@ def test_softmax_of_a_0d_tensor(fn, dim):
         got = compiled(x)
         assert got.shape == ()
         torch.testing.assert_close(got, model(x), equal_nan=True)
+
+
+class _Pick(torch.nn.Module):
+    def forward(self, x, idx):
+        return x[idx] * 2
+
+
+def test_negative_indices_count_from_the_end():
+    """x[idx] accepts negative indices; index_select does not (found by opweave fuzz in
+    the gradient of an index_put, which indexes the incoming gradient)."""
+    x, idx = torch.randn(4, 2, 3), torch.tensor([0, -4, 3, -1])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(_Pick(), (x, idx))
+    torch.testing.assert_close(compiled(x, idx), _Pick()(x, idx))
+    other = torch.tensor([-2, 1, -3, 2])
+    torch.testing.assert_close(compiled(x, other), _Pick()(x, other))
+
+
+class _Scatter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.randn(4, 2, 3))
+
+    def forward(self, idx, v):
+        return self.x.index_put((idx,), v, accumulate=True).square().sum()
+
+
+def test_the_gradient_of_an_index_put_with_negative_indices():
+    model, idx, v = _Scatter(), torch.tensor([0, -4]), torch.tensor(2.24)
+    step = opweave.compile(model, (idx, v), train=True)
+    step(idx, v).backward()
+    got = model.x.grad.clone()
+    model.x.grad = None
+    model(idx, v).backward()
+    torch.testing.assert_close(got, model.x.grad)

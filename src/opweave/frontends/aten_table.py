@@ -634,10 +634,18 @@ def _index(ctx, x, indices):
     """x[..., idx, ...] with one integer index tensor (any rank) at one dim."""
     v = ctx.value(x)
     dim, index = _single_index(ctx, indices)
-    flat = reshape(ctx, index, [index.type.numel])
+    flat = _wrapped(ctx, reshape(ctx, index, [index.type.numel]), v.type.shape[dim])
     picked = ctx.add1("index_select", [v, flat], {"dim": dim})
     shape = _shape(v)
     return reshape(ctx, picked, shape[:dim] + _shape(index) + shape[dim + 1:])
+
+
+def _wrapped(ctx, index, size: int):
+    """Negative indices count from the end, as `x[idx]` allows (index_select does not):
+    where(idx < 0, idx + size, idx). Out-of-range ones still fail in index_select."""
+    negative = ctx.add1("lt", [index, ctx.scalar(0, index)])
+    shifted = ctx.add1("add", [index, ctx.scalar(size, index)])
+    return ctx.add1("where", [negative, shifted, index])
 
 
 def _single_index(ctx, indices):
