@@ -32,8 +32,8 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     dtypes; a call with other Python values (`k=5.0` where the example had 2.0) or another
     argument structure compiles a program of its own. Weights are read as they are when
     compiled: after an in-place update (optimizer step, `load_state_dict`) the next call
-    recompiles, with one StaleWeightsWarning; writes through `p.data` cannot be seen, so
-    call `compiled.refresh()` after them. A model that writes to its buffers (BatchNorm in
+    recompiles, with one WeightsChangedWarning; a write through `p.data` is seen only when
+    it changes the tensor's middle element, so call `compiled.refresh()` after partial ones. A model that writes to its buffers (BatchNorm in
     training mode: call `.eval()` first) runs in eager PyTorch, with a warning."""
     from .frontends.torch_export import compile as _compile
 

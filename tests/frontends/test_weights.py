@@ -9,7 +9,7 @@ import torch
 
 import opweave
 from opweave.codegen import library
-from opweave.frontends.torch_export import StaleWeightsWarning
+from opweave.frontends.weights import WeightsChangedWarning
 
 
 def _model():
@@ -69,10 +69,10 @@ def test_an_update_after_compiling_is_seen_by_every_step(update, kernel):
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
     update(model)
-    with torch.no_grad(), pytest.warns(StaleWeightsWarning, match="weights of Sequential changed"):
+    with torch.no_grad(), pytest.warns(WeightsChangedWarning, match="weights of Sequential changed"):
         torch.testing.assert_close(compiled(x), model(x))
     with warnings.catch_warnings():
-        warnings.simplefilter("error", StaleWeightsWarning)  # recompiled once, not every call
+        warnings.simplefilter("error", WeightsChangedWarning)  # recompiled once, not every call
         with torch.no_grad():
             torch.testing.assert_close(compiled(x), model(x))
         update(model)
@@ -80,12 +80,22 @@ def test_an_update_after_compiling_is_seen_by_every_step(update, kernel):
             torch.testing.assert_close(compiled(x), model(x))  # warned once per compiled model
 
 
-def test_writes_through_data_need_a_refresh():
-    """`p.data` is a tensor with a version counter of its own: such writes are invisible
-    without reading every weight; `refresh()` recompiles against them."""
+def test_whole_tensor_writes_through_data_are_seen():
+    """`p.data` has a version counter of its own; the one-element fingerprint still sees a
+    write that changes the whole tensor."""
     model, x = _model(), torch.randn(4, 16)
     compiled = opweave.compile(model, (x,))
     model[0].weight.data.mul_(2)
+    with torch.no_grad(), pytest.warns(WeightsChangedWarning):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_partial_writes_through_data_need_a_refresh():
+    """A write through `p.data` that leaves the fingerprinted (middle) element as it was is
+    not seen without reading every weight; `refresh()` recompiles against it."""
+    model, x = _model(), torch.randn(4, 16)
+    compiled = opweave.compile(model, (x,))
+    model[0].weight.data[0].mul_(2)  # row 0: not the middle element
     compiled.refresh()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))

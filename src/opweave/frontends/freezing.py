@@ -4,8 +4,8 @@ layout choices apply as they do under `opweave.compile`.
 
 Dynamo hands parameters to the backend as ordinary graph inputs and never guards their
 values, so a frozen plan must check on every call that the weights it was built from are
-unchanged, and rebuild (never serve stale results) when they are not. See `_Stamp` for
-what the check sees.
+unchanged, and rebuild (never serve stale results) when they are not. `weights` says what
+the check sees.
 """
 from __future__ import annotations
 
@@ -15,18 +15,11 @@ import warnings
 import torch
 import torch.fx as fx
 
-
-
-class WeightsChangedWarning(UserWarning):
-    """Weights frozen into a compiled plan changed after compiling; the plan was rebuilt."""
-
+from .weights import TensorStamp, WeightsChangedWarning
 
 # A plan invalidated after fewer calls than this is not worth freezing: the weights change
 # about as often as the model runs (e.g. an eval call after every training step).
 MIN_CALLS_PER_PLAN = 8
-
-_version = operator.attrgetter("_version")
-_data_ptr = torch.Tensor.data_ptr
 
 
 def parameter_positions(dynamo_gm: fx.GraphModule, example_inputs) -> list[int]:
@@ -78,50 +71,6 @@ def freezable_positions(aot_gm: fx.GraphModule, dynamo_gm: fx.GraphModule,
     return positions
 
 
-class _Stamp:
-    """What the frozen tensors looked like at freeze time, checked on each call.
-
-    Detected exactly: a different tensor object at the position (`load_state_dict(...,
-    assign=True)`, `module.weight = Parameter(...)`), new storage (`p.data = t`), and any
-    in-place write autograd sees, which bumps `_version` (`with no_grad: p.copy_(t)`,
-    `load_state_dict`, optimizer steps, `nn.init.*_`, `p.detach().add_`). Writes through
-    `p.data` (`p.data.copy_(t)`, `p.data.mul_(d)`) go to a tensor with its own version
-    counter, so they are caught only by a one-element fingerprint per tensor: whole-tensor
-    rewrites change it; a partial write that leaves that element as it was is missed.
-    """
-
-    def __init__(self, tensors: tuple[torch.Tensor, ...]):
-        self.tensors = tensors
-        self.versions = list(map(_version, tensors))
-        self.pointers = list(map(_data_ptr, tensors))
-        self.samples = [_sample_view(t) for t in tensors]
-        self.samples = [s for s in self.samples if s is not None]
-        self.fingerprint = torch.cat(self.samples) if self.samples else None
-
-    def matches(self, current: tuple[torch.Tensor, ...]) -> bool:
-        return (all(map(operator.is_, current, self.tensors))
-                and list(map(_version, current)) == self.versions
-                and list(map(_data_ptr, current)) == self.pointers
-                and (self.fingerprint is None
-                     or torch.equal(torch.cat(self.samples), self.fingerprint)))
-
-
-def _sample_view(tensor: torch.Tensor) -> torch.Tensor | None:
-    """The bytes of the tensor's middle element, as a view that sees later writes."""
-    if tensor.numel() == 0:
-        return None
-    index = []
-    rest = tensor.numel() // 2
-    for size in reversed(tensor.shape):
-        index.append(rest % size)
-        rest //= size
-    element = tensor.detach()[tuple(reversed(index))].reshape(1)
-    try:
-        return element.view(torch.uint8)
-    except RuntimeError:  # an element type that has no byte view: version checks only
-        return None
-
-
 class FrozenProgram:
     """An inference graph with the tensors at `positions` frozen as constants; called with
     all of the graph's inputs (AOTAutograd's boxed convention). Rebuilds its plan when the
@@ -145,7 +94,7 @@ class FrozenProgram:
     def _freeze(self, tensors: tuple[torch.Tensor, ...]) -> None:
         constants = {self._placeholders[i]: t for i, t in zip(self.positions, tensors)}
         self.program = self._build(self.gm, constants, self.name)
-        self.stamp = _Stamp(tensors)
+        self.stamp = TensorStamp(tensors)
         self.calls = 0
 
     def __call__(self, args: list):

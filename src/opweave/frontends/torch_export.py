@@ -15,7 +15,7 @@ A compiled model computes what the eager model computes on the same call:
 - the output has the eager output's structure (tensor, tuple, dict, dataclass, ...);
 - weights are read as they are at compile time; when they change afterwards (an
   optimizer step, `load_state_dict`), the next call notices and recompiles, with one
-  StaleWeightsWarning (see `weights` for what is detected).
+  WeightsChangedWarning (see `weights` for what is detected).
 """
 from __future__ import annotations
 
@@ -33,13 +33,9 @@ from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, t
                       tensor_types)
 from .decompositions import decomposition_table
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
-from .weights import WeightWatch
+from .weights import WeightsChangedWarning, WeightWatch
 
 MAX_SPECIALIZATIONS = 8  # distinct calls (values, structure) kept compiled per model
-
-
-class StaleWeightsWarning(UserWarning):
-    """A compiled model's weights changed after compiling; opweave recompiled it."""
 
 
 class _StateMutation(RuntimeError):
@@ -107,7 +103,7 @@ class CompiledModel:
             entry = self._specialize(key, args, kwargs)
         elif entry.watch is not None and entry.watch.changed():
             self._warn_once(f"the weights of {self.name} changed after it was compiled; opweave "
-                            f"recompiles it (each change costs a compile)", StaleWeightsWarning)
+                            f"recompiles it (each change costs a compile)", WeightsChangedWarning)
             entry = self._specialize(key, args, kwargs)
         else:
             self._cache.move_to_end(key)
