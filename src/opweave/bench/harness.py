@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from . import roofline
+from . import cpu, roofline
 from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
 from .modes import INFER, TRAIN
 from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
@@ -154,9 +154,10 @@ def machine_description(config: BenchConfig) -> dict:
             return None
 
     return dict(cpu=roofline.cpu_name(), cpus=os.cpu_count(), threads=config.threads,
+                cpu_info=cpu.describe(config.threads),
                 platform=platform.platform(), python=platform.python_version(),
                 versions={p: version(p) for p in ("torch", "onnxruntime", "onnx", "apache-tvm",
-                                                  "opweave")},
+                                                  "openvino", "opweave")},
                 date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
 
 
