@@ -289,7 +289,8 @@ def _infer_openvino(bench, threads, precision: str | None = "f32"):
 
     first = [np.array(out, dtype=np.float32) for out in step().values()]
     setup_s = time.perf_counter() - start
-    chosen = str(compiled.get_property("INFERENCE_PRECISION_HINT")).lower()
+    hint = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type
+    chosen = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
     label = (f"inference precision {chosen}" if precision is not None
              else f"OpenVINO's default precision: {chosen}")
     note = "; ".join(filter(None, [note, label]))
