@@ -59,4 +59,5 @@ def line(cpu: dict) -> str:
         isa += f" (torch kernels: {cpu['torch_isa']})"
     cores = cpu.get("physical_cores")
     counts = (f"{cores} cores, " if cores else "") + f"{cpu.get('logical_cpus')} logical CPUs"
-    return f"CPU: {name}; {isa}; {counts}; {cpu.get('threads')} threads"
+    threads = cpu.get("threads")
+    return f"CPU: {name}; {isa}; {counts}; {threads} thread{'s' * (threads != 1)}"

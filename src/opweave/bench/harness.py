@@ -22,7 +22,8 @@ from .modes import INFER, TRAIN
 from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
 
 REFERENCE = "eager"
-DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "opweave")
+DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "openvino",
+                    "opweave")
 TRAIN_BACKENDS = ("eager", "inductor", "opweave")
 TOLERANCE = {INFER: 1e-3, TRAIN: 1e-3}
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
