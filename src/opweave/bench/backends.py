@@ -86,20 +86,22 @@ def _infer_inductor_freezing(bench, threads):
 
 
 def _program_notes(programs) -> list[str]:
-    """What the rewrite pass and fusion did in each compiled program."""
+    """What the rewrite pass and fusion did, summed over the compiled programs (one for
+    `opweave.compile`, one per graph for torch.compile)."""
+    rewrites = [r for p in programs for r in p.rewrites if r.engine != "off"]
+    lowered = [low for p in programs for step in p.steps
+               for low in [getattr(getattr(step, "executor", None), "lowered", None)]
+               if low is not None]
     notes = []
-    for program in programs:
-        for report in program.rewrites:
-            if report.engine != "off":
-                notes.append(f"rewrite {report.cost_before * 1e3:.1f} -> "
-                             f"{report.cost_after * 1e3:.1f} ms est. in {report.seconds:.1f} s")
-        for step in program.steps:
-            lowered = getattr(getattr(step, "executor", None), "lowered", None)
-            if lowered is not None:
-                counts = lowered.kernel_counts()
-                notes.append(f"{lowered.partition.method} fusion: {counts.get('library', 0)} "
-                             f"library + {counts.get('cpp', 0)} generated kernels, "
-                             f"{counts.get('op', 0)} single ops")
+    if rewrites:
+        before, after = (sum(getattr(r, k) for r in rewrites) for k in ("cost_before", "cost_after"))
+        notes.append(f"rewrite {before * 1e3:.1f} -> {after * 1e3:.1f} ms est. in "
+                     f"{sum(r.seconds for r in rewrites):.1f} s")
+    for method in dict.fromkeys(low.partition.method for low in lowered):
+        counts = [low.kernel_counts() for low in lowered if low.partition.method == method]
+        library, cpp, op = (sum(c.get(k, 0) for c in counts) for k in ("library", "cpp", "op"))
+        notes.append(f"{method} fusion: {library} library + {cpp} generated kernels, "
+                     f"{op} single ops")
     return notes
 
 
@@ -139,13 +141,15 @@ def _infer_opweave_dynamo(bench, threads):
     from ..frontends import torch_dynamo
 
     torch._dynamo.reset()
-    graphs, frozen = torch_dynamo.compiled_graphs.mark(), torch_dynamo.frozen_programs.mark()
+    graphs_mark = torch_dynamo.compiled_graphs.mark()
+    frozen_mark = torch_dynamo.frozen_programs.mark()
     prepared, notes = _with_fallback_notes(
         lambda: _infer_torch(bench, lambda m: torch.compile(m, backend="opweave")))
-    programs = torch_dynamo.compiled_graphs.since(graphs)
+    programs = torch_dynamo.compiled_graphs.since(graphs_mark)
     prepared.step()  # a second call: a guard that fails on it recompiles here, not in timing
-    recompiled = len(torch_dynamo.compiled_graphs.since(graphs)) - len(programs)
-    count, frozen = len(programs), len(torch_dynamo.frozen_programs.since(frozen))
+    recompiled = len(torch_dynamo.compiled_graphs.since(graphs_mark)) - len(programs)
+    count = len(programs)
+    frozen = len(torch_dynamo.frozen_programs.since(frozen_mark))
     notes.insert(0, f"{count} graph{'s' * (count != 1)}"
                     f"{' (graph breaks)' if count > 1 else ''}, {frozen} with frozen weights")
     if recompiled:
