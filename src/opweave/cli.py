@@ -228,7 +228,8 @@ def _add_bench_parser(sub, models) -> None:
 
     from .bench.backends import BACKENDS
 
-    p = sub.add_parser("bench", help="measure opweave against eager, Inductor, ONNX Runtime, TVM")
+    p = sub.add_parser("bench", help="measure opweave against eager, Inductor, ONNX Runtime, TVM, "
+                                          "OpenVINO")
     p.add_argument("--models", nargs="+", choices=sorted(models.BUILDERS),
                    default=list(models.BENCHMARK_SET))
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=None,

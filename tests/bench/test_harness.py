@@ -178,3 +178,39 @@ def test_a_failed_calibration_drops_only_the_roofline(fake):
     header, rows = report.detail_rows(result)
     assert all(r[header.index("% GEMM peak")] == "-" for r in rows)
     report.terminal(result)
+
+
+def test_every_backend_declares_both_modes():
+    from opweave.bench.backends import BACKENDS, PREPARE
+    from opweave.bench.modes import INFER, TRAIN
+
+    assert {"opweave-dynamo", "openvino", "openvino-default"} <= set(BACKENDS)
+    assert all(set(PREPARE[name]) == {INFER, TRAIN} for name in BACKENDS)
+    # opweave-dynamo runs both; the OpenVINO backends refuse training with a reason
+    assert PREPARE["opweave-dynamo"][INFER].__name__ == "_infer_opweave_dynamo"
+    assert PREPARE["openvino"][TRAIN].__name__ == "prepare"
+
+
+def test_reports_name_the_cpu(fake, tmp_path):
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    cpu = result.machine["cpu_info"]
+    assert cpu["cpu"] and cpu["threads"] == result.config.threads
+    assert cpu["logical_cpus"] >= 1 and isinstance(cpu["features"], list)
+    line = report.terminal(result).splitlines()[1]
+    assert line.startswith(f"CPU: {cpu['cpu']}") and f"{cpu['threads']} threads" in line
+    paths = report.write_all(result, tmp_path)
+    assert f"- {line}" in paths["md"].read_text()
+    assert json.loads(paths["json"].read_text())["machine"]["cpu_info"] == cpu
+
+
+def test_cpu_line_names_the_isa_and_counts():
+    from opweave.bench import cpu
+
+    blocks = [{"physical id": "0", "core id": str(i % 4)} for i in range(8)]  # 4 cores, SMT
+    assert cpu.physical_cores(blocks) == 4 and cpu.physical_cores([{}]) is None
+    line = cpu.line(dict(cpu="Intel(R) Xeon(R) Platinum 8480+", cpu_id="GenuineIntel cpu family 6",
+                         features=["avx2", "avx512f", "avx512_bf16", "amx_bf16"],
+                         torch_isa="AVX512", physical_cores=4, logical_cpus=8, threads=4))
+    assert line == ("CPU: Intel(R) Xeon(R) Platinum 8480+ (GenuineIntel cpu family 6); "
+                    "ISA avx2 avx512f avx512_bf16 amx_bf16 (torch kernels: AVX512); "
+                    "4 cores, 8 logical CPUs; 4 threads")

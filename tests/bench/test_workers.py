@@ -2,12 +2,14 @@
 that lets backends alternate without slowing each other."""
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
 import time
 
 import pytest
 
-from opweave.bench import harness
+from opweave.bench import harness, report
 from opweave.bench.worker import BackendUnavailable, Worker, WorkerSpec
 
 
@@ -23,19 +25,44 @@ def _spec(backend, model="xmlcnn", mode="infer"):
 
 
 def test_inference_through_the_harness(tmp_path, monkeypatch):
+    """Every kind of inference backend on one small model: opweave directly and through
+    torch.compile, and the peers (OpenVINO only where it is installed: an optional extra)."""
     monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path))
-    config = harness.BenchConfig(models=["xmlcnn"], backends=["opweave", "onnxruntime"],
+    peers = ["onnxruntime"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
+    config = harness.BenchConfig(models=["xmlcnn"], backends=["opweave", "opweave-dynamo", *peers],
                                  runs=3, warmup=1, threads=2, small=True)
     result = harness.run(config)
     entries = result.models[0].backends
-    for name in ("eager", "opweave", "onnxruntime"):
+    for name in ("eager", "opweave", "opweave-dynamo", *peers):
         assert entries[name].ok, entries[name].reason
         assert entries[name].summary.count == 3
         assert entries[name].max_abs_diff < 1e-4
         assert entries[name].peak_rss > 0
     assert entries["opweave"].torch_peak > 0 and entries["onnxruntime"].torch_peak is None
     assert "gather + max" in entries["onnxruntime"].note  # the exportable formulation
+    assert "1 graph, 1 with frozen weights" in entries["opweave-dynamo"].note
+    if "openvino" in peers:
+        assert "inference precision f32" in entries["openvino"].note
     assert result.models[0].flops > 0 and result.machine["gemm_peak_flops"] > 0
+    assert report.terminal(result).splitlines()[1].startswith("CPU: ")
+
+
+def test_openvino_default_precision_is_labelled():
+    pytest.importorskip("openvino")
+    with Worker(_spec("openvino-default")) as worker:
+        note = worker.call("prepare")["note"]
+    assert "OpenVINO's default precision: " in note  # f32, or bf16 on CPUs with bf16 units
+
+
+def test_missing_openvino_is_unavailable_not_an_error(monkeypatch):
+    from opweave.bench import backends
+    from opweave.models import build
+
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import fails as if not installed
+    bench = build("xmlcnn", small=True)
+    for name in ("openvino", "openvino-default"):
+        with pytest.raises(backends.Unavailable, match="OpenVINO is not installed"):
+            backends.prepare(name, bench, "infer", 1)
 
 
 def test_training_step_gradients_match_eager():

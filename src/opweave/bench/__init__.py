@@ -1,4 +1,5 @@
-"""`opweave bench`: opweave against eager PyTorch, TorchInductor, ONNX Runtime and TVM.
+"""`opweave bench`: opweave against eager PyTorch, TorchInductor, ONNX Runtime, TVM and
+OpenVINO.
 
 `harness` runs the measurements (each backend in its own worker process, interleaved),
 `backends` prepares each backend inside its worker, `roofline` gives FLOPs and the GEMM

@@ -85,11 +85,41 @@ def _infer_inductor_freezing(bench, threads):
     return _infer_inductor(bench, threads, freezing=True)
 
 
-def _infer_opweave(bench, threads, rewrite=None, fusion=None):
+def _program_notes(programs) -> list[str]:
+    """What the rewrite pass and fusion did, summed over the compiled programs (one for
+    `opweave.compile`, one per graph for torch.compile)."""
+    rewrites = [r for p in programs for r in p.rewrites if r.engine != "off"]
+    lowered = [low for p in programs for step in p.steps
+               for low in [getattr(getattr(step, "executor", None), "lowered", None)]
+               if low is not None]
+    notes = []
+    if rewrites:
+        before, after = (sum(getattr(r, k) for r in rewrites) for k in ("cost_before", "cost_after"))
+        notes.append(f"rewrite {before * 1e3:.1f} -> {after * 1e3:.1f} ms est. in "
+                     f"{sum(r.seconds for r in rewrites):.1f} s")
+    for method in dict.fromkeys(low.partition.method for low in lowered):
+        counts = [low.kernel_counts() for low in lowered if low.partition.method == method]
+        library, cpp, op = (sum(c.get(k, 0) for c in counts) for k in ("library", "cpp", "op"))
+        notes.append(f"{method} fusion: {library} library + {cpp} generated kernels, "
+                     f"{op} single ops")
+    return notes
+
+
+def _with_fallback_notes(prepare: Callable[[], Prepared]) -> tuple[Prepared, list[str]]:
+    """Run `prepare`, collecting opweave's fallback warnings (first lines) as notes."""
     import warnings
 
-    from ..frontends.torch_export import compile as opweave_compile
     from ..frontends.program import OpweaveFallbackWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", OpweaveFallbackWarning)
+        prepared = prepare()
+    return prepared, [str(w.message).splitlines()[0] for w in caught
+                      if issubclass(w.category, OpweaveFallbackWarning)]
+
+
+def _infer_opweave(bench, threads, rewrite=None, fusion=None):
+    from ..frontends.torch_export import compile as opweave_compile
 
     compiled = []
 
@@ -98,23 +128,33 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None):
                                         fusion=fusion))
         return compiled[-1]
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", OpweaveFallbackWarning)
-        prepared = _infer_torch(bench, compile_)
-    notes = [str(w.message).splitlines()[0] for w in caught
-             if issubclass(w.category, OpweaveFallbackWarning)]
-    program = compiled[-1].program if compiled else None
-    for report in (program.rewrites if program else []):
-        if report.engine != "off":
-            notes.append(f"rewrite {report.cost_before * 1e3:.1f} -> {report.cost_after * 1e3:.1f} "
-                         f"ms est. in {report.seconds:.1f} s")
-    for step in (program.steps if program else []):
-        lowered = getattr(getattr(step, "executor", None), "lowered", None)
-        if lowered is not None:
-            counts = lowered.kernel_counts()
-            notes.append(f"{lowered.partition.method} fusion: {counts.get('library', 0)} library "
-                         f"+ {counts.get('cpp', 0)} generated kernels, {counts.get('op', 0)} single ops")
+    prepared, notes = _with_fallback_notes(lambda: _infer_torch(bench, compile_))
+    notes += _program_notes([compiled[-1].program] if compiled else [])
     prepared.note = "; ".join(notes)
+    return prepared
+
+
+def _infer_opweave_dynamo(bench, threads):
+    """`torch.compile(module.eval(), backend="opweave")` called under `torch.no_grad()`:
+    AOTAutograd's inference graphs, weights frozen by the backend. The comparison with
+    `opweave` is what the torch.compile path costs (graph breaks, guards, AOTAutograd)."""
+    from ..frontends import torch_dynamo
+
+    torch._dynamo.reset()
+    graphs_mark = torch_dynamo.compiled_graphs.mark()
+    frozen_mark = torch_dynamo.frozen_programs.mark()
+    prepared, notes = _with_fallback_notes(
+        lambda: _infer_torch(bench, lambda m: torch.compile(m, backend="opweave")))
+    programs = torch_dynamo.compiled_graphs.since(graphs_mark)
+    prepared.step()  # a second call: a guard that fails on it recompiles here, not in timing
+    recompiled = len(torch_dynamo.compiled_graphs.since(graphs_mark)) - len(programs)
+    count = len(programs)
+    frozen = len(torch_dynamo.frozen_programs.since(frozen_mark))
+    notes.insert(0, f"{count} graph{'s' * (count != 1)}"
+                    f"{' (graph breaks)' if count > 1 else ''}, {frozen} with frozen weights")
+    if recompiled:
+        notes.append(f"recompiled {recompiled} graph(s) on the second call")
+    prepared.note = "; ".join(notes + _program_notes(programs))
     return prepared
 
 
@@ -216,6 +256,54 @@ def _ort_transformer_fusions(bench: BenchmarkModel, path: str) -> str:
     optimized.save_model_to_file(path)
     fused = ", ".join(f"{op} x{n}" for op, n in sorted(stats.items()))
     return f"transformers optimizer ({model_type}): {fused or 'no fusions'}"
+
+
+# OpenVINO's CPU plugin runs fp32 models in bf16 where the CPU has bf16 units (AVX512-BF16,
+# AMX) unless told otherwise: `openvino` asks for f32 (the comparison the others make),
+# `openvino-default` leaves the precision to OpenVINO and says which it chose.
+def _infer_openvino(bench, threads, precision: str | None = "f32"):
+    try:
+        import openvino as ov
+    except ImportError as error:
+        raise Unavailable(f"OpenVINO is not installed ({error})") from None
+    module, note = _export_form(bench)
+    start = time.perf_counter()
+    try:  # TorchScript tracing of the module, OpenVINO's default PyTorch path
+        with torch.no_grad():
+            model = ov.convert_model(module, example_input=tuple(bench.inputs))
+    except Exception as error:
+        raise Unavailable(f"openvino.convert_model failed: {type(error).__name__}: "
+                          f"{str(error).strip().splitlines()[0][:200]}") from None
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+    if precision is not None:
+        config["INFERENCE_PRECISION_HINT"] = precision
+    try:
+        compiled = ov.Core().compile_model(model, "CPU", config)
+    except Exception as error:
+        raise Unavailable(f"OpenVINO could not compile it: {type(error).__name__}: "
+                          f"{str(error).strip().splitlines()[0][:200]}") from None
+    if len(compiled.inputs) != len(bench.inputs):
+        raise Unavailable(f"the converted model takes {len(compiled.inputs)} inputs, "
+                          f"the module {len(bench.inputs)}")
+    request = compiled.create_infer_request()
+    feed = [x.numpy() for x in bench.inputs]
+
+    def step():
+        return request.infer(feed, share_inputs=True, share_outputs=True)
+
+    first = [np.array(out, dtype=np.float32) for out in step().values()]
+    setup_s = time.perf_counter() - start
+    hint = compiled.get_property("INFERENCE_PRECISION_HINT")  # an openvino.Type
+    chosen = hint.get_type_name() if hasattr(hint, "get_type_name") else str(hint)
+    label = (f"inference precision {chosen}" if precision is not None
+             else f"OpenVINO's default precision: {chosen}")
+    note = "; ".join(filter(None, [note, label]))
+    return Prepared(step, first, setup_s, note=note, torch_memory=False,
+                    keep=[compiled, request, feed])
+
+
+def _infer_openvino_default(bench, threads):
+    return _infer_openvino(bench, threads, precision=None)
 
 
 def tvm_target(threads: int):
@@ -342,12 +430,16 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
                           TRAIN: _inference_only("inductor with freezing (frozen weights)")},
     "onnxruntime": {INFER: _infer_onnxruntime, TRAIN: _inference_only("ONNX Runtime")},
     "tvm": {INFER: _infer_tvm, TRAIN: _inference_only("TVM")},
+    "openvino": {INFER: _infer_openvino, TRAIN: _inference_only("OpenVINO")},
+    # labelled apart: bf16 where the CPU has it, so not an fp32 figure there
+    "openvino-default": {INFER: _infer_openvino_default,
+                         TRAIN: _inference_only("OpenVINO (default precision)")},
     "opweave": {INFER: _infer_opweave, TRAIN: _train_opweave},
-    # training: loss elimination, and the torch.compile path with split graphs
+    # training: loss elimination
     "opweave-noloss": {INFER: _inference_only("the loss-elimination comparison"),
                        TRAIN: _train_opweave_noloss},
-    "opweave-dynamo": {INFER: _inference_only("the torch.compile comparison (training)"),
-                       TRAIN: _train_opweave_dynamo},
+    # the torch.compile path: frozen inference graphs, AOTAutograd's split training graphs
+    "opweave-dynamo": {INFER: _infer_opweave_dynamo, TRAIN: _train_opweave_dynamo},
     # the rewrite pass's contribution: opweave with it turned off
     "opweave-norewrite": {INFER: _infer_opweave_norewrite,
                           TRAIN: _inference_only("the rewrite comparison")},

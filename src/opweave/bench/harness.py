@@ -16,13 +16,14 @@ from typing import Sequence
 
 import numpy as np
 
-from . import roofline
+from . import cpu, roofline
 from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
 from .modes import INFER, TRAIN
 from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
 
 REFERENCE = "eager"
-DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "opweave")
+DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "openvino",
+                    "opweave")
 TRAIN_BACKENDS = ("eager", "inductor", "opweave")
 TOLERANCE = {INFER: 1e-3, TRAIN: 1e-3}
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
@@ -154,9 +155,10 @@ def machine_description(config: BenchConfig) -> dict:
             return None
 
     return dict(cpu=roofline.cpu_name(), cpus=os.cpu_count(), threads=config.threads,
+                cpu_info=cpu.describe(config.threads),
                 platform=platform.platform(), python=platform.python_version(),
                 versions={p: version(p) for p in ("torch", "onnxruntime", "onnx", "apache-tvm",
-                                                  "opweave")},
+                                                  "openvino", "opweave")},
                 date=time.strftime("%Y-%m-%d %H:%M:%S %z"))
 
 

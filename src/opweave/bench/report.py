@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..files import atomic_write, atomic_write_bytes
+from . import cpu
 from .harness import REFERENCE, TOLERANCE, BenchResult, ModelResult
 
 MIB = 1 << 20
@@ -111,6 +112,7 @@ def _preamble(result: BenchResult) -> list[str]:
     what = "training step (forward, backward, SGD)" if c.mode == "train" else "inference"
     return [f"{what}, batch {c.batch}, fp32, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up",
+            cpu.line(m.get("cpu_info") or {}),
             f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
 
