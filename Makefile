@@ -12,7 +12,7 @@ PIP_TOOLS := pip-tools==7.6.2
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/opweave demo
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[test,bench]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test,bench]"
 	touch $(BENCH_STAMP)
 
 # every backend on the five models; ARGS passes options, e.g. make bench ARGS="--mode train"
@@ -36,7 +36,7 @@ test: $(STAMP)
 lock:
 	$(PYTHON) -m venv .venv-lock
 	.venv-lock/bin/pip install --quiet "$(PIP_TOOLS)"
-	.venv-lock/bin/pip-compile --quiet --strip-extras --allow-unsafe --extra test --extra bench \
+	.venv-lock/bin/pip-compile --quiet --strip-extras --allow-unsafe --all-extras \
 		--no-emit-find-links --no-emit-index-url --output-file $(LOCK) pyproject.toml
 
 clean:

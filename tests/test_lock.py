@@ -56,3 +56,10 @@ def test_this_environment_matches_the_lock():
         if name in pins and Version(dist.version) != pins[name]:
             wrong.append(f"{name} {dist.version} (locked {pins[name]})")
     assert not wrong, "reinstall with `make install`: " + ", ".join(sorted(wrong))
+
+
+def test_the_lock_names_no_local_path():
+    """A `pkg @ file:///...` pin holds the path of the checkout that made the lock: a clone
+    anywhere else could not install with it."""
+    text = (ROOT / "requirements.lock").read_text()
+    assert not [line for line in text.splitlines() if " @ " in line and not line.startswith("#")]
