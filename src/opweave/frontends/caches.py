@@ -30,8 +30,11 @@ _registered: set[type] = set()
 def register() -> None:
     """Register transformers' dynamic cache classes with pytree (idempotent; a no-op when
     transformers is not imported: then no model can hold its caches)."""
-    module = sys.modules.get("transformers.cache_utils")
-    if module is None:
+    if "transformers" not in sys.modules:
+        return
+    try:
+        from transformers import cache_utils as module
+    except ImportError:  # a transformers without caches: nothing to register
         return
     with _lock:
         for name in _CACHE_CLASSES + _LAYER_CLASSES:
