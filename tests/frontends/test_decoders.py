@@ -117,6 +117,23 @@ def test_decoding_step_with_a_cache_compiles():
     _assert_same_cache(step.past_key_values, want.past_key_values)
 
 
+@pytest.mark.parametrize("make_cache", [DynamicCache, "config"])
+def test_an_empty_cache_passed_in_is_filled_like_eager(make_cache):
+    model, compiled, ids, _ = _compiled("llama")
+
+    def fresh():
+        return DynamicCache(config=model.config) if make_cache == "config" else DynamicCache()
+
+    mine, theirs = fresh(), fresh()
+    with torch.no_grad():
+        got = compiled(ids, past_key_values=mine)
+        want = model(ids, past_key_values=theirs)
+    assert compiled.capture == "export"
+    assert got.past_key_values is mine  # the caller's object, filled in place
+    torch.testing.assert_close(got.logits, want.logits)
+    _assert_same_cache(mine, theirs)
+
+
 class _Box:
     """A result type no capture can flatten."""
 

@@ -108,11 +108,11 @@ class CompiledModel:
     def __call__(self, *args, **kwargs):
         canonical = self._binder.canonical(args, kwargs)
         key = call_key(canonical)
-        cached = not is_flat(canonical) and key is not None and caches.lengths(canonical)
-        if cached:
-            key = (key, cached)
+        lengths = None if key is None or is_flat(canonical) else caches.lengths(canonical)
+        if lengths is not None:  # the call passes a cache: its length is part of the call
+            key = (key, lengths)
         entry = self._cache.get(key) if key is not None else None
-        if entry is None and cached and self._new_cache_length(key):
+        if entry is None and lengths is not None and self._new_cache_length(key):
             entry = _Specialization(None, "eager", capture_error="a cache of a new length")
         elif entry is None:
             entry = self._specialize(key, args, kwargs)
@@ -128,7 +128,7 @@ class CompiledModel:
         tensors = entry.spelling.tensors(canonical)
         check_tensor_types(self.name, entry.types, tensors)
         outputs = pytree.tree_unflatten(list(entry.program(*tensors)), entry.out_spec)
-        return caches.carry_into_inputs(canonical, outputs) if cached else outputs
+        return outputs if lengths is None else caches.carry_into_inputs(canonical, outputs)
 
     def _new_cache_length(self, key) -> bool:
         """Whether this call passes a cache of a length beyond those compiled for its call
