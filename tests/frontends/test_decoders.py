@@ -31,7 +31,7 @@ BUILDERS = {
     "qwen2": lambda: transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**_LLAMA_LIKE)),
 }
 # what each model may run in eager (anything else falling back is a regression)
-ALLOWED_FALLBACKS = {"gpt2": {"aten.split_with_sizes.default"}}
+ALLOWED_FALLBACKS: dict[str, set] = {}
 
 
 @functools.lru_cache(maxsize=None)
