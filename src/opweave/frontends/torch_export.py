@@ -13,6 +13,10 @@ A compiled model computes what the eager model computes on the same call:
   least recently used dropped;
 - tensors must keep the example's shapes and dtypes (a clear error otherwise);
 - the output has the eager output's structure (tensor, tuple, dict, dataclass, ...);
+- transformers' caches (`use_cache=True`, the default of decoder models) are captured as
+  their tensors and returned as real cache objects; a cache passed in is updated in place,
+  as eager does. Shapes are static, so one cache length is compiled per call structure
+  and a decode loop's later steps run in eager, with one warning (see `caches`);
 - weights are read as they are at compile time; when they change afterwards (an
   optimizer step, `load_state_dict`), the next call notices and recompiles, with one
   StaleWeightsWarning (see `weights` for what is detected).
