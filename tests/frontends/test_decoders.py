@@ -134,6 +134,27 @@ def test_an_empty_cache_passed_in_is_filled_like_eager(make_cache):
     _assert_same_cache(mine, theirs)
 
 
+def test_compiled_for_a_call_with_a_cache():
+    """The example itself passes a cache: the same call later runs that program."""
+    model, _, ids, _ = _compiled("llama")
+    with torch.no_grad():
+        prompt = model(ids)
+        token = prompt.logits[:, -1].argmax(-1, keepdim=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", OpweaveFallbackWarning)
+            compiled = opweave.compile(model, (token,),
+                                       example_kwargs={"past_key_values": prompt.past_key_values})
+        assert len(compiled._cache) == 1
+        mine = DynamicCache(zip([layer.keys for layer in prompt.past_key_values.layers],
+                                [layer.values for layer in prompt.past_key_values.layers]))
+        got = compiled(token, past_key_values=mine)
+        assert compiled.capture == "export" and len(compiled._cache) == 1  # no second compile
+        want = model(token, past_key_values=prompt.past_key_values)
+    assert got.past_key_values is mine
+    torch.testing.assert_close(got.logits, want.logits)
+    _assert_same_cache(mine, want.past_key_values)
+
+
 class _Box:
     """A result type no capture can flatten."""
 

@@ -79,7 +79,9 @@ class CompiledModel:
         self._cache_lengths: dict[Hashable, set] = {}  # call key -> cache lengths compiled
         self._warned: set[str] = set()
         args, kwargs = tuple(example_args), dict(example_kwargs or {})
-        key = call_key(self._binder.canonical(args, kwargs))
+        key, lengths = _key(self._binder.canonical(args, kwargs))
+        if lengths is not None:
+            self._new_cache_length(key)  # the example's cache length is the one compiled
         self._current = self._specialize(key, args, kwargs, stacklevel=5)
 
     # -- what the most recent call ran -------------------------------------------------------
@@ -111,10 +113,7 @@ class CompiledModel:
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         canonical = self._binder.canonical(args, kwargs)
-        key = call_key(canonical)
-        lengths = None if key is None or is_flat(canonical) else caches.lengths(canonical)
-        if lengths is not None:  # the call passes a cache: its length is part of the call
-            key = (key, lengths)
+        key, lengths = _key(canonical)
         entry = self._cache.get(key) if key is not None else None
         if entry is None and lengths is not None and self._new_cache_length(key):
             entry = _Specialization(None, "eager", capture_error="a cache of a new length")
@@ -169,6 +168,14 @@ class CompiledModel:
         if message not in self._warned:
             self._warned.add(message)
             warnings.warn(message, category, stacklevel=3)
+
+
+def _key(canonical: dict) -> tuple:
+    """(the call's key, the shapes of the caches it passes or None). A cache's length is
+    part of the key: programs are compiled for static shapes."""
+    key = call_key(canonical)
+    lengths = None if key is None or is_flat(canonical) else caches.lengths(canonical)
+    return (key if lengths is None else (key, lengths)), lengths
 
 
 def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
