@@ -22,22 +22,38 @@ class Explanation:
     capture_error: str = ""
     rewrites: list = field(default_factory=list)  # RewriteReport per segment
 
+    @property
+    def captured(self) -> bool:
+        """Whether opweave captured a graph at all (else the whole model runs in eager)."""
+        return self.capture != "eager"
+
+    @property
+    def share(self) -> float | None:
+        """The share of ATen ops opweave runs; None when it captured no graph."""
+        return self.coverage.share if self.captured else None
+
     def __str__(self) -> str:
         cov = self.coverage
-        lines = [
-            f"model {self.name}: captured with {self.capture}"
-            + (f" ({self.capture_error})" if self.capture_error else ""),
-            f"  ATen ops: {cov.total}, run by opweave: {sum(cov.supported.values())} "
-            f"({cov.share:.1%}), in eager: {sum(cov.fallback.values())}",
-            f"  IR: {sum(self.ir_ops.values())} nodes in {cov.segments} segment(s); "
-            f"{self.flops / 1e9:.3f} GFLOP, {self.bytes_moved / 2**20:.1f} MiB moved unfused",
-            "  IR ops: " + ", ".join(f"{op} {n}" for op, n in self.ir_ops.items()),
-        ]
-        if cov.fallback:
-            lines.append("  fallbacks: " + ", ".join(
-                f"{op} x{n} ({cov.reasons.get(op, '')})" for op, n in cov.fallback.most_common()))
+        if not self.captured:  # no graph: a coverage figure would describe nothing
+            lines = [f"model {self.name}: captured with eager: nothing runs in opweave"
+                     + (f" ({self.capture_error})" if self.capture_error else ""),
+                     "  coverage: n/a (no graph was captured)"]
         else:
-            lines.append("  fallbacks: none")
+            lines = [
+                f"model {self.name}: captured with {self.capture}"
+                + (f" ({self.capture_error})" if self.capture_error else ""),
+                f"  ATen ops: {cov.total}, run by opweave: {sum(cov.supported.values())} "
+                f"({cov.share:.1%}), in eager: {sum(cov.fallback.values())}",
+                f"  IR: {sum(self.ir_ops.values())} nodes in {cov.segments} segment(s); "
+                f"{self.flops / 1e9:.3f} GFLOP, {self.bytes_moved / 2**20:.1f} MiB moved unfused",
+                "  IR ops: " + ", ".join(f"{op} {n}" for op, n in self.ir_ops.items()),
+            ]
+            if cov.fallback:
+                lines.append("  fallbacks: " + ", ".join(
+                    f"{op} x{n} ({cov.reasons.get(op, '')})"
+                    for op, n in cov.fallback.most_common()))
+            else:
+                lines.append("  fallbacks: none")
         lines.extend(str(r) for r in self.rewrites)
         if self.graph_breaks is None:
             lines.append("  graph breaks under torch.compile: not measured")

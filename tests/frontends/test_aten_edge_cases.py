@@ -68,3 +68,23 @@ def test_the_gradient_of_an_index_put_with_negative_indices():
     model.x.grad = None
     model(idx, v).backward()
     torch.testing.assert_close(got, model.x.grad)
+
+class _Split(torch.nn.Module):
+    def __init__(self, sizes, dim):
+        super().__init__()
+        self.sizes, self.dim = sizes, dim
+
+    def forward(self, x):
+        parts = torch.split(x * 2, self.sizes, dim=self.dim)
+        return tuple(p + i for i, p in enumerate(parts))
+
+
+@pytest.mark.parametrize("shape, sizes, dim", [((3, 12), [4, 4, 4], -1), ((3, 5), [2, 1], 0)])
+def test_split_with_sizes_runs_in_opweave(shape, sizes, dim):
+    """GPT-2 splits its fused QKV projection so; it used to run in eager."""
+    model, x = _Split(sizes, dim), torch.randn(shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (x,))
+    for got, want in zip(compiled(x), model(x), strict=True):
+        torch.testing.assert_close(got, want)

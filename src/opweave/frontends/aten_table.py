@@ -308,6 +308,16 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return ctx.add1("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
 
 
+@lowers(aten.split_with_sizes.default)
+def _split_with_sizes(ctx, x, split_sizes, dim=0):
+    """Consecutive slices along `dim` (GPT-2 splits its fused QKV projection so)."""
+    parts, start = [], 0
+    for size in split_sizes:
+        parts.append(_slice(ctx, x, dim, start, start + size))
+        start += size
+    return parts
+
+
 @lowers(aten.select.int)
 def _select(ctx, x, dim, index):
     v = ctx.value(x)

@@ -94,7 +94,7 @@ class Spelling:
     def tensors(self, canonical: dict[str, Any]) -> list[torch.Tensor]:
         """The call's tensors in the order of the compiled program's inputs."""
         args, kwargs = self.apply(canonical)
-        if _is_flat(canonical):
+        if is_flat(canonical):
             return [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)]
         return tensor_leaves(flatten(args, kwargs)[0])
 
@@ -102,7 +102,7 @@ class Spelling:
 _SCALARS = (torch.Tensor, int, float, bool, str, type(None))
 
 
-def _is_flat(canonical: dict[str, Any]) -> bool:
+def is_flat(canonical: dict[str, Any]) -> bool:
     """Whether every argument is a tensor or a scalar (no container to flatten)."""
     return all(isinstance(v, _SCALARS) for v in canonical.values())
 
@@ -120,7 +120,7 @@ def call_key(canonical: dict[str, Any]) -> Hashable | None:
     every value that is not a tensor (with its type: 1, 1.0 and True are different
     programs). None when a value cannot be hashed, so no compiled program can be shown
     to fit."""
-    if _is_flat(canonical):  # the common call, keyed without pytree (30 us)
+    if is_flat(canonical):  # the common call, keyed without pytree (30 us)
         return (tuple(canonical),) + tuple(None if isinstance(v, torch.Tensor) else (type(v), v)
                                            for v in canonical.values())
     leaves, spec = pytree.tree_flatten(canonical)

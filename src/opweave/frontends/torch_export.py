@@ -13,6 +13,10 @@ A compiled model computes what the eager model computes on the same call:
   least recently used dropped;
 - tensors must keep the example's shapes and dtypes (a clear error otherwise);
 - the output has the eager output's structure (tensor, tuple, dict, dataclass, ...);
+- transformers' caches (`use_cache=True`, the default of decoder models) are captured as
+  their tensors and returned as real cache objects; a cache passed in is updated in place,
+  as eager does. Shapes are static, so one cache length is compiled per call structure
+  and a decode loop's later steps run in eager, with one warning (see `caches`);
 - weights are read as they are at compile time; when they change afterwards (an
   optimizer step, `load_state_dict`), the next call notices and recompiles, with one
   WeightsChangedWarning (see `weights` for what is detected).
@@ -29,13 +33,17 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 
 from ..options import Options
-from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, tensor_leaves,
-                      tensor_types)
+from . import caches
+from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, is_flat,
+                      tensor_leaves, tensor_types)
 from .decompositions import decomposition_table
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
 from .weights import WeightsChangedWarning, WeightWatch
 
 MAX_SPECIALIZATIONS = 8  # distinct calls (values, structure) kept compiled per model
+# cache lengths compiled per call structure: a decode loop passes a longer cache at every
+# step, and a compile per generated token would cost far more than it saves
+MAX_CACHE_LENGTHS = 1
 
 
 class _StateMutation(RuntimeError):
@@ -61,11 +69,15 @@ class CompiledModel:
         self.model = model
         self.name = name
         self._options = Options.resolve(options)
+        caches.register()  # transformers' caches: outputs and inputs torch.export can flatten
         self._binder = Binder(model, name)
         self._cache: OrderedDict[Hashable, _Specialization] = OrderedDict()
+        self._cache_lengths: dict[Hashable, set] = {}  # call key -> cache lengths compiled
         self._warned: set[str] = set()
         args, kwargs = tuple(example_args), dict(example_kwargs or {})
-        key = call_key(self._binder.canonical(args, kwargs))
+        key, lengths = _key(self._binder.canonical(args, kwargs))
+        if lengths is not None:
+            self._new_cache_length(key)  # the example's cache length is the one compiled
         self._current = self._specialize(key, args, kwargs, stacklevel=5)
 
     # -- what the most recent call ran -------------------------------------------------------
@@ -97,9 +109,11 @@ class CompiledModel:
     # -- calling -------------------------------------------------------------------------------
     def __call__(self, *args, **kwargs):
         canonical = self._binder.canonical(args, kwargs)
-        key = call_key(canonical)
+        key, lengths = _key(canonical)
         entry = self._cache.get(key) if key is not None else None
-        if entry is None:
+        if entry is None and lengths is not None and self._new_cache_length(key):
+            entry = _Specialization(None, "eager", capture_error="a cache of a new length")
+        elif entry is None:
             entry = self._specialize(key, args, kwargs)
         elif entry.watch is not None and entry.watch.changed():
             self._warn_once(f"the weights of {self.name} changed after it was compiled; opweave "
@@ -112,8 +126,21 @@ class CompiledModel:
             return self.model(*args, **kwargs)
         tensors = entry.spelling.tensors(canonical)
         check_tensor_types(self.name, entry.types, tensors)
-        outputs = entry.program(*tensors)
-        return pytree.tree_unflatten(list(outputs), entry.out_spec)
+        outputs = pytree.tree_unflatten(list(entry.program(*tensors)), entry.out_spec)
+        return outputs if lengths is None else caches.carry_into_inputs(canonical, outputs)
+
+    def _new_cache_length(self, key) -> bool:
+        """Whether this call passes a cache of a length beyond those compiled for its call
+        structure; such calls run in eager PyTorch, with one warning."""
+        structure, length = key
+        seen = self._cache_lengths.setdefault(structure, set())
+        if length in seen or len(seen) < MAX_CACHE_LENGTHS:
+            seen.add(length)
+            return False
+        self._warn_once(f"{self.name} was called with a cache of another length than the one "
+                        f"opweave compiled; opweave compiles static shapes, so such calls (each "
+                        f"step of a decode loop) run in eager PyTorch", OpweaveFallbackWarning)
+        return True
 
     def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3) -> _Specialization:
         if key is None:
@@ -137,6 +164,14 @@ class CompiledModel:
         if message not in self._warned:
             self._warned.add(message)
             warnings.warn(message, category, stacklevel=3)
+
+
+def _key(canonical: dict) -> tuple:
+    """(the call's key, the shapes of the caches it passes or None). A cache's length is
+    part of the key: programs are compiled for static shapes."""
+    key = call_key(canonical)
+    lengths = None if key is None or is_flat(canonical) else caches.lengths(canonical)
+    return (key if lengths is None else (key, lengths)), lengths
 
 
 def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
@@ -188,8 +223,22 @@ def _capture_export(model, args: tuple, kwargs: dict):
             if node.users:
                 raise RuntimeError(f"input {spec.arg.name} is a Python value the graph reads")
             gm.graph.erase_node(node)
+    _drop_metadata_asserts(gm.graph)
     gm.recompile()
     return gm, constants, exported.call_spec.out_spec
+
+
+def _drop_metadata_asserts(graph: fx.Graph) -> None:
+    """torch.export records `.to(dtype)` as an assertion of its input's dtype and device.
+    The program is compiled for the example's tensor types and every call is checked
+    against them (`check_tensor_types`), so these hold by construction: drop them rather
+    than run each in eager."""
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is _ASSERT_METADATA and not node.users:
+            graph.erase_node(node)
+
+
+_ASSERT_METADATA = torch.ops.aten._assert_tensor_metadata.default
 
 
 def _capture_make_fx(model, args: tuple, kwargs: dict):
