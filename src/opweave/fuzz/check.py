@@ -126,13 +126,12 @@ def run_dynamo(case: oracle.Case) -> list[torch.Tensor]:
     from ..frontends import torch_dynamo
 
     torch._dynamo.reset()
-    before = len(torch_dynamo.compiled_graphs)
+    before = torch_dynamo.compiled_graphs.mark()
     fn = torch.compile(GraphModule(case.graph), backend="opweave", fullgraph=True)
     try:
         result = _as_list(fn(*case.inputs))
+        compiled = torch_dynamo.compiled_graphs.since(before)
     finally:
-        compiled = len(torch_dynamo.compiled_graphs) - before
-        del torch_dynamo.compiled_graphs[before:]
         torch._dynamo.reset()
     if not compiled:
         raise Fallback("Dynamo handed opweave no graph")
