@@ -32,3 +32,28 @@ def test_softmax_of_a_0d_tensor(fn, dim):
         got = compiled(x)
         assert got.shape == ()
         torch.testing.assert_close(got, model(x), equal_nan=True)
+
+
+class _CastsAndRepeats(torch.nn.Module):
+    """`.to()` calls (torch.export asserts their source's metadata) and `repeat`, both of
+    which ran in eager (DeBERTa-v2, RoBERTa and MPNet of the zoo use them)."""
+
+    def __init__(self, repeats):
+        super().__init__()
+        self.repeats = repeats
+
+    def forward(self, x, ids):
+        return x.float() * 2 + ids.to(torch.float32), (x + 1).repeat(*self.repeats)
+
+
+@pytest.mark.parametrize("repeats", [(2, 1, 3), (1, 1, 1), (2, 3, 1, 2), (1, 4, 1, 1, 1)])
+def test_casts_and_repeat_lower_without_fallback(repeats):
+    model = _CastsAndRepeats(repeats)
+    x, ids = torch.randn(1, 3, 4), torch.arange(12).reshape(1, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (x, ids))
+    assert not compiled.coverage.fallback
+    x, ids = torch.randn(1, 3, 4), torch.randint(-5, 5, (1, 3, 4))
+    for got, expected in zip(compiled(x, ids), model(x, ids)):
+        torch.testing.assert_close(got, expected)

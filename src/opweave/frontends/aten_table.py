@@ -35,6 +35,20 @@ def _identity(ctx, x, *args, **kwargs):
     return ctx.value(x)
 
 
+@lowers(aten._assert_tensor_metadata.default)
+def _assert_tensor_metadata(ctx, x, size=None, stride=None, dtype=None, *, device=None,
+                            layout=None):
+    """torch.export's check of a tensor's dtype (from `.to()` calls): every IR type is
+    static, so a check that holds here holds on every call (the compiled model guards its
+    inputs' types); one that fails runs in eager, where it raises."""
+    v = ctx.value(x)
+    if (dtype is not None and dtype != v.type.dtype) or \
+            (size is not None and list(size) != _shape(v)) or \
+            (device is not None and torch.device(device).type != "cpu"):
+        raise Unsupported("the asserted metadata differs from the traced tensor's")
+    return None
+
+
 @lowers(operator.getitem)
 def _getitem(ctx, source, index):
     produced = ctx.values.get(source)
@@ -280,6 +294,22 @@ def _expand(ctx, x, size, implicit=False):
     if shape == have:
         return v
     return ctx.add1("expand", [v], {"shape": shape})
+
+
+@lowers(aten.repeat.default)
+def _repeat(ctx, x, repeats):
+    """x.repeat(r): tile each dim r times, as expand over a new axis before each dim, then
+    a reshape merging the pairs (leading repeats beyond x's rank add dims)."""
+    v = ctx.value(x)
+    have = [1] * (len(repeats) - v.type.rank) + _shape(v)
+    if len(have) != len(repeats):
+        raise Unsupported("repeat with fewer repeats than dims")
+    if all(r == 1 for r in repeats):
+        return reshape(ctx, v, have)
+    spread = reshape(ctx, v, [d for s in have for d in (1, s)])
+    tiled = ctx.add1("expand", [spread], {"shape": [d for r, s in zip(repeats, have)
+                                                    for d in (r, s)]})
+    return reshape(ctx, tiled, [r * s for r, s in zip(repeats, have)])
 
 
 @lowers(aten.slice.Tensor)
