@@ -17,9 +17,9 @@ import torch
 
 SEQ_SMALL, SEQ_REAL = 16, 128
 VOCAB_SMALL = 1000
-_ENC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+_ENC = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
             vocab_size=VOCAB_SMALL, max_position_embeddings=64)
-_DEC = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+_DEC = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, intermediate_size=128,
             vocab_size=VOCAB_SMALL, max_position_embeddings=64)
 _LLAMA_REAL = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                    num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
@@ -33,7 +33,7 @@ _DEBERTA = dict(relative_attention=True, position_buckets=256, pos_att_type=["p2
 SPECS: dict[str, tuple[str, str, str, dict, dict]] = {
     # -- encoders --------------------------------------------------------------------------
     "distilbert": ("DistilBertConfig", "DistilBertModel", "ids",
-                   dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128, vocab_size=VOCAB_SMALL,
+                   dict(dim=64, n_layers=1, n_heads=4, hidden_dim=128, vocab_size=VOCAB_SMALL,
                         max_position_embeddings=64), {}),
     "roberta": ("RobertaConfig", "RobertaModel", "ids", dict(_ENC, max_position_embeddings=66),
                 dict(vocab_size=50265, max_position_embeddings=514)),  # roberta-base
@@ -49,11 +49,11 @@ SPECS: dict[str, tuple[str, str, str, dict, dict]] = {
                         intermediate_size=3072, **_DEBERTA)),  # deberta-v3-base
     "mpnet": ("MPNetConfig", "MPNetModel", "ids", dict(_ENC, max_position_embeddings=66), {}),
     "t5-encoder": ("T5Config", "T5EncoderModel", "ids",
-                   dict(d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                   dict(d_model=64, d_kv=16, d_ff=128, num_layers=1, num_heads=4,
                         vocab_size=VOCAB_SMALL), {}),  # t5-small
     # -- decoders (use_cache=False) -----------------------------------------------------------
     "gpt2": ("GPT2Config", "GPT2Model", "ids",
-             dict(n_embd=64, n_layer=2, n_head=4, n_positions=64, vocab_size=VOCAB_SMALL), {}),
+             dict(n_embd=64, n_layer=1, n_head=4, n_positions=64, vocab_size=VOCAB_SMALL), {}),
     "gpt-neo": ("GPTNeoConfig", "GPTNeoModel", "ids",
                 dict(hidden_size=64, num_layers=2, num_heads=4, window_size=8,
                      attention_types=[[["global", "local"], 1]], vocab_size=VOCAB_SMALL,
@@ -61,7 +61,7 @@ SPECS: dict[str, tuple[str, str, str, dict, dict]] = {
                 dict(hidden_size=768, num_layers=12, num_heads=12,
                      attention_types=[[["global", "local"], 6]])),  # gpt-neo-125M
     "opt": ("OPTConfig", "OPTModel", "ids",
-            dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, ffn_dim=128,
+            dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, ffn_dim=128,
                  word_embed_proj_dim=64, vocab_size=VOCAB_SMALL, max_position_embeddings=64),
             {}),  # opt-125m
     "llama": ("LlamaConfig", "LlamaModel", "ids", dict(_DEC, num_key_value_heads=2),

@@ -1,0 +1,79 @@
+"""Every zoo model's small variant through both frontends, against eager (float32).
+
+The ops each model runs in eager PyTorch are listed with the reason, so a new fallback
+(or a capture that stops working) fails here. Expected fallbacks on the Dynamo path are
+a subset of these: it captures no export-only ops.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+
+import opweave
+from opweave import models
+from opweave.frontends import torch_dynamo
+
+CUMSUM = "aten.cumsum.default"  # position ids from the padding mask; no scan op in the IR
+INDEX = "aten.index.Tensor"  # the causal mask built by advanced indexing with 2+ tensors
+SLICE_SCATTER = {"aten.copy.default", "aten.slice_scatter.default"}  # shift_tokens_right
+DEBERTA = {"aten.sign.default", "aten.ceil.default"}  # log-bucketed relative positions
+
+# name -> the ops that run in eager (Coverage.fallback keys); absent: none
+EXPECTED_FALLBACKS: dict[str, set[str]] = {
+    "roberta": {CUMSUM}, "xlm-roberta": {CUMSUM}, "mpnet": {CUMSUM}, "opt": {CUMSUM},
+    "deberta-v2": DEBERTA,
+    "gpt2": {CUMSUM, INDEX, "aten.split_with_sizes.default"},  # Conv1D's qkv split
+    "gpt-neo": {CUMSUM, INDEX}, "llama": {CUMSUM, INDEX}, "mistral": {CUMSUM, INDEX},
+    "qwen2": {CUMSUM, INDEX}, "phi": {CUMSUM, INDEX}, "gemma": {CUMSUM, INDEX},
+    "bart": SLICE_SCATTER,
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _small(name: str) -> models.BenchmarkModel:
+    return models.build(f"zoo-{name}", small=True)
+
+
+def _assert_close(got, expected):
+    got, expected = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(expected)
+    assert len(got) == len(expected)
+    for g, e in zip(got, expected):
+        scale = max(1.0, e.abs().max().item()) if e.is_floating_point() and e.numel() else 1.0
+        torch.testing.assert_close(g, e, atol=1e-4 * scale, rtol=1e-4)
+
+
+def test_the_zoo_has_at_least_25_architectures_beyond_the_benchmark_set():
+    assert len(models.ZOO_SET) >= 25
+    assert not set(models.ZOO_SET) & set(models.BENCHMARK_SET)
+    assert all(name in models.BUILDERS for name in models.ZOO_SET)
+
+
+@pytest.mark.parametrize("name", list(models.zoo.ZOO))
+def test_opweave_compile_matches_eager(name):
+    bench = _small(name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallbacks are checked below, by op
+        compiled = opweave.compile(bench.module, bench.inputs, name=name)
+    assert compiled.capture == "export", compiled.capture_error
+    assert set(compiled.coverage.fallback) == EXPECTED_FALLBACKS.get(name, set()), \
+        compiled.coverage.reasons
+    with torch.no_grad():
+        _assert_close(compiled(*bench.inputs), bench.module(*bench.inputs))
+
+
+@pytest.mark.parametrize("name", list(models.zoo.ZOO))
+def test_torch_compile_backend_matches_eager(name):
+    bench = _small(name)
+    before = torch_dynamo.compiled_graphs.mark()
+    module = torch.compile(bench.module, backend="opweave")
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        got = module(*bench.inputs)
+        _assert_close(got, bench.module(*bench.inputs))
+    programs = torch_dynamo.compiled_graphs.since(before)
+    assert programs, "the opweave backend was not called"
+    fallbacks = {op for p in programs for op in p.coverage.fallback}
+    assert fallbacks <= EXPECTED_FALLBACKS.get(name, set()), fallbacks
