@@ -57,3 +57,25 @@ def test_casts_and_repeat_lower_without_fallback(repeats):
     x, ids = torch.randn(1, 3, 4), torch.randint(-5, 5, (1, 3, 4))
     for got, expected in zip(compiled(x, ids), model(x, ids)):
         torch.testing.assert_close(got, expected)
+
+
+class _PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: a running count of the non-padding tokens (cumsum ran in
+    eager in twelve zoo transformers)."""
+
+    def forward(self, ids, x):
+        mask = ids.ne(1).int()
+        positions = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
+        return positions, x.cumsum(-1), x.cumsum(0, dtype=torch.float64)
+
+
+def test_cumsum_lowers_without_fallback():
+    model = _PositionIds()
+    ids, x = torch.tensor([[0, 5, 1, 1, 7, 3]]), torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (ids, x))
+    assert not compiled.coverage.fallback
+    ids, x = torch.tensor([[1, 1, 4, 1, 2, 2]]), torch.randn(3, 5)
+    for got, expected in zip(compiled(ids, x), model(ids, x)):
+        torch.testing.assert_close(got, expected)

@@ -375,6 +375,17 @@ def _softmax(ctx, x, dim, half_to_float):
     return ctx.add1(op, [v], {"dim": dim % v.type.rank})
 
 
+@lowers(aten.cumsum.default)
+def _cumsum(ctx, x, dim, dtype=None):
+    """Running sum (position ids from a padding mask in RoBERTa, OPT, Llama, ...)."""
+    v = ctx.value(x)
+    if v.type.rank == 0:
+        raise Unsupported("cumsum of a 0-d tensor")
+    if dtype is not None and dtype != v.type.dtype:  # torch sums in `dtype`
+        v = ctx.add1("cast", [v], {"dtype": dtype})
+    return ctx.add1("cumsum", [v], {"dim": dim % v.type.rank})
+
+
 def _ones_or(ctx, node, shape, dtype, value):
     if node is not None:
         return ctx.value(node)
