@@ -79,3 +79,26 @@ def test_cumsum_lowers_without_fallback():
     ids, x = torch.tensor([[1, 1, 4, 1, 2, 2]]), torch.randn(3, 5)
     for got, expected in zip(compiled(ids, x), model(ids, x)):
         torch.testing.assert_close(got, expected)
+
+
+class _MultiIndex(torch.nn.Module):
+    """Several index tensors at adjacent dims, broadcast together (transformers' causal
+    masks read padding_mask[batch_idx, kv_idx]; ran in eager in seven zoo decoders)."""
+
+    def forward(self, x, rows, cols):
+        b = torch.arange(x.shape[0])[:, None, None]
+        return x[b, rows, cols], x[:, rows[0], cols[0]], x[1][rows[0], cols[0]]
+
+
+def test_multi_tensor_index_lowers_without_fallback():
+    model = _MultiIndex()
+    x = torch.randn(2, 5, 7, 3)
+    rows, cols = torch.randint(-5, 5, (1, 4, 1)), torch.randint(-7, 7, (1, 1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (x, rows, cols))
+    assert not compiled.coverage.fallback
+    x = torch.randn(2, 5, 7, 3)
+    rows, cols = torch.randint(-5, 5, (1, 4, 1)), torch.randint(-7, 7, (1, 1, 6))
+    for got, expected in zip(compiled(x, rows, cols), model(x, rows, cols)):
+        torch.testing.assert_close(got, expected)

@@ -656,13 +656,61 @@ def _index_select(ctx, x, dim, index):
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
-    """x[..., idx, ...] with one integer index tensor (any rank) at one dim."""
+    """x[..., idx, ...] with one integer index tensor (any rank) at one dim, or with
+    several at adjacent dims (see `_multi_index`)."""
     v = ctx.value(x)
+    if sum(t is not None for t in indices) > 1:
+        return _multi_index(ctx, v, indices)
     dim, index = _single_index(ctx, indices)
     flat = reshape(ctx, index, [index.type.numel])
     picked = ctx.add1("index_select", [v, flat], {"dim": dim})
     shape = _shape(v)
     return reshape(ctx, picked, shape[:dim] + _shape(index) + shape[dim + 1:])
+
+
+def _multi_index(ctx, v, indices):
+    """x[..., i, j, ...] with integer index tensors at adjacent dims (transformers' masks
+    read `padding_mask[batch_idx, kv_idx]`): the indices broadcast together, wrap when
+    negative, and combine into one row-major index into those dims flattened, which one
+    index_select reads."""
+    present = [d for d, t in enumerate(indices) if t is not None]
+    first, count = present[0], len(present)
+    if present != list(range(first, first + count)):
+        raise Unsupported("advanced indexing with index tensors at dims that are not adjacent")
+    shape = _shape(v)
+    sizes = shape[first:first + count]
+    values = [ctx.value(indices[d]) for d in present]
+    if any(i.type.dtype not in (torch.int64, torch.int32) for i in values):
+        raise Unsupported("advanced indexing other than by integer indices")
+    broadcast = list(torch.broadcast_shapes(*(tuple(_shape(i)) for i in values)))
+    linear = None
+    for i, size, stride in zip(values, sizes, _row_strides(sizes)):
+        if i.type.dtype != torch.int64:
+            i = ctx.add1("cast", [i], {"dtype": torch.int64})
+        negative = ctx.add1("lt", [i, ctx.scalar(0, i)])
+        i = ctx.add1("where", [negative, ctx.add1("add", [i, ctx.scalar(size, i)]), i])
+        if stride != 1:
+            i = ctx.add1("mul", [i, ctx.scalar(stride, i)])
+        linear = i if linear is None else ctx.add1("add", [linear, i])
+    if _shape(linear) != broadcast:
+        linear = ctx.add1("expand", [linear], {"shape": broadcast})
+    numel = 1
+    for d in broadcast:
+        numel *= d
+    rows = 1
+    for d in sizes:
+        rows *= d
+    flat = reshape(ctx, v, shape[:first] + [rows] + shape[first + count:])
+    picked = ctx.add1("index_select", [flat, reshape(ctx, linear, [numel])], {"dim": first})
+    return reshape(ctx, picked, shape[:first] + broadcast + shape[first + count:])
+
+
+def _row_strides(sizes):
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
 
 
 def _single_index(ctx, indices):
