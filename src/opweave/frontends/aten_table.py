@@ -323,6 +323,20 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     return ctx.add1("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
 
 
+@lowers(aten.split_with_sizes.default)
+def _split_with_sizes(ctx, x, sizes, dim=0):
+    """Consecutive slices along `dim` (GPT-2 splits its fused q, k, v projection)."""
+    v = ctx.value(x)
+    dim = dim % v.type.rank
+    if sum(sizes) != v.type.shape[dim]:
+        raise Unsupported("split sizes that do not add up to the dim")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    if len(sizes) == 1:
+        return [v]
+    return [ctx.add1("slice", [v], {"dim": dim, "start": s, "end": s + n, "step": 1})
+            for s, n in zip(starts, sizes)]
+
+
 @lowers(aten.select.int)
 def _select(ctx, x, dim, index):
     v = ctx.value(x)
