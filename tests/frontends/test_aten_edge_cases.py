@@ -122,3 +122,34 @@ def test_split_lowers_without_fallback():
     x = torch.randn(3, 5, 12)
     for got, expected in zip(compiled(x), model(x)):
         torch.testing.assert_close(got, expected)
+
+
+class _CnnOps(torch.nn.Module):
+    """Ops the zoo's CNNs ran in eager: ReLU6 (hardtanh), padding="valid" (one padding
+    value for two dims), tiled average pooling, adaptive average pooling that tiles or
+    repeats a 1x1 input, and constant padding (TF "same" padding, Swin's window pad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding="valid")
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.conv(x) * 4)  # [1, 4, 6, 6]
+        pooled = torch.nn.functional.avg_pool2d(y, 2)
+        tiles = torch.nn.functional.adaptive_avg_pool2d(y, 3)
+        single = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        spread = torch.nn.functional.adaptive_avg_pool2d(single, (2, 3))
+        padded = torch.nn.functional.pad(y, (1, 2, 0, 1), value=0.5)
+        cropped = torch.nn.functional.pad(y, (-1, 2, 1, -2))
+        return pooled, tiles, single, spread, padded, cropped
+
+
+def test_cnn_ops_lower_without_fallback():
+    model = _CnnOps().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (torch.randn(1, 3, 8, 8),))
+    assert not compiled.coverage.fallback
+    x = torch.randn(1, 3, 8, 8)
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected)

@@ -524,8 +524,87 @@ def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, ou
     if transposed:
         raise Unsupported("transposed convolution")
     inputs = [ctx.value(x), ctx.value(weight)] + ([ctx.value(bias)] if bias is not None else [])
-    return ctx.add1("conv", inputs, {"stride": list(stride), "padding": list(padding),
-                                     "dilation": list(dilation), "groups": groups})
+    spatial = inputs[0].type.rank - 2
+
+    def per_dim(v):  # torch broadcasts one value to every spatial dim (padding="valid": [0])
+        return list(v) * spatial if len(v) == 1 else list(v)
+
+    return ctx.add1("conv", inputs, {"stride": per_dim(stride), "padding": per_dim(padding),
+                                     "dilation": per_dim(dilation), "groups": groups})
+
+
+@lowers(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    """ReLU6 (MobileNetV2) is hardtanh(0, 6)."""
+    return ctx.add1("clamp", [ctx.value(x)], {"min": min_val, "max": max_val})
+
+
+@lowers(aten.avg_pool2d.default)
+def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    """Average pooling over windows that tile the input (kernel = stride, no padding):
+    a mean over the split axes. Overlapping or padded windows run in eager."""
+    v = ctx.value(x)
+    kernel, stride = _pair(kernel), _pair(stride, _pair(kernel))
+    padding = _pair(padding if isinstance(padding, (list, tuple)) else [padding])
+    if stride != kernel or any(padding) or divisor_override is not None:
+        raise Unsupported("average pooling over overlapping or padded windows")
+    shape = _shape(v)
+    if any(size % k for size, k in zip(shape[-2:], kernel)):
+        raise Unsupported("average pooling windows that do not tile the input")
+    return _tile_mean(ctx, v, kernel)
+
+
+@lowers(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(ctx, x, output_size):
+    """Adaptive average pooling where each output cell averages a tile of the input
+    (the input size a multiple of the output size), or repeats a 1x1 input."""
+    v = ctx.value(x)
+    shape, out = _shape(v), _pair(output_size)
+    if shape[-2:] == [1, 1]:
+        return _expand(ctx, x, shape[:-2] + out)
+    if any(size % o for size, o in zip(shape[-2:], out)):
+        raise Unsupported("adaptive average pooling with overlapping windows")
+    return _tile_mean(ctx, v, [size // o for size, o in zip(shape[-2:], out)])
+
+
+def _tile_mean(ctx, v, kernel):
+    """Mean over non-overlapping kh x kw tiles of the last two axes."""
+    *lead, h, w = _shape(v)
+    (kh, kw) = kernel
+    if (kh, kw) == (1, 1):
+        return v
+    split = reshape(ctx, v, lead + [h // kh, kh, w // kw, kw])
+    rank = len(lead) + 4
+    mean = ctx.add1("mean", [split], {"dims": [rank - 3, rank - 1], "keepdim": False})
+    return mean
+
+
+@lowers(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx, x, pad, value=0):
+    """Padding (pairs of before/after counts from the last dim backwards) as a cat with
+    constant blocks; negative counts crop."""
+    v = ctx.value(x)
+    for i in range(len(pad) // 2):
+        dim = v.type.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            size = v.type.shape[dim]
+            v = ctx.add1("slice", [v], {"dim": dim, "start": max(-before, 0),
+                                        "end": size - max(-after, 0), "step": 1})
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for count, at_end in ((before, False), (after, True)):
+            if count:
+                shape = _shape(v)
+                shape[dim] = count
+                block = ctx.add1("full", [], {"shape": shape, "value": value,
+                                              "dtype": v.type.dtype})
+                parts.append((at_end, block))
+        if parts:
+            pieces = [b for end, b in parts if not end] + [v] + [b for end, b in parts if end]
+            v = ctx.add1("cat", pieces, {"dim": dim})
+    return v
 
 
 @lowers(aten.convolution_backward.default)
