@@ -16,19 +16,22 @@ import opweave
 from opweave import models
 from opweave.frontends import torch_dynamo
 
-CUMSUM = "aten.cumsum.default"  # position ids from the padding mask; no scan op in the IR
-INDEX = "aten.index.Tensor"  # the causal mask built by advanced indexing with 2+ tensors
-SLICE_SCATTER = {"aten.copy.default", "aten.slice_scatter.default"}  # shift_tokens_right
-DEBERTA = {"aten.sign.default", "aten.ceil.default"}  # log-bucketed relative positions
+SCATTER = {"aten.copy.default", "aten.slice_scatter.default"}  # writes into a slice of a new
+# tensor (BART's shift_tokens_right, BEiT's relative position index); no scatter-into-slice op
+WEIGHT_NORM = "aten.linalg_vector_norm.default"  # the positional conv's weight norm
+GROUP_NORM = "aten.native_group_norm.default"  # no group-norm op in the IR
 
-# name -> the ops that run in eager (Coverage.fallback keys); absent: none
+# name -> the ops that run in eager (Coverage.fallback keys), and why; absent: none
 EXPECTED_FALLBACKS: dict[str, set[str]] = {
-    "roberta": {CUMSUM}, "xlm-roberta": {CUMSUM}, "mpnet": {CUMSUM}, "opt": {CUMSUM},
-    "deberta-v2": DEBERTA,
-    "gpt2": {CUMSUM, INDEX, "aten.split_with_sizes.default"},  # Conv1D's qkv split
-    "gpt-neo": {CUMSUM, INDEX}, "llama": {CUMSUM, INDEX}, "mistral": {CUMSUM, INDEX},
-    "qwen2": {CUMSUM, INDEX}, "phi": {CUMSUM, INDEX}, "gemma": {CUMSUM, INDEX},
-    "bart": SLICE_SCATTER,
+    # log-bucketed relative positions: no sign or ceil op in the IR
+    "deberta-v2": {"aten.sign.default", "aten.ceil.default"},
+    "bart": SCATTER,
+    # the relative position bias is interpolated bilinearly: no resize op in the IR
+    "beit": SCATTER | {"aten.upsample_bilinear2d.vec"},
+    "swin": {"aten.as_strided.default"},  # window partition by strides: no as_strided op
+    # the pooler's window (the channel count, ceil mode) overlaps the input's edge
+    "efficientnet": {"aten.avg_pool2d.default"},
+    "wav2vec2": {GROUP_NORM, WEIGHT_NORM}, "hubert": {GROUP_NORM, WEIGHT_NORM},
 }
 
 
