@@ -153,3 +153,32 @@ def test_cnn_ops_lower_without_fallback():
     x = torch.randn(1, 3, 8, 8)
     for got, expected in zip(compiled(x), model(x)):
         torch.testing.assert_close(got, expected)
+
+
+class _Norms(torch.nn.Module):
+    """Group norm (wav2vec 2.0's feature extractor) and the 2-norm of weight normalization
+    (its positional conv) ran in eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 6)
+        self.plain = torch.nn.GroupNorm(3, 6, affine=False)
+
+    def forward(self, x):
+        flat = x.flatten(2)
+        return (self.norm(x) * 2, self.plain(flat), torch.linalg.vector_norm(x, dim=(0, 2)),
+                x.norm(dim=-1, keepdim=True), torch.linalg.vector_norm(x))
+
+
+def test_group_norm_and_vector_norm_lower_without_fallback():
+    model = _Norms().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 2)
+        model.norm.bias.uniform_(-1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (torch.randn(2, 6, 3, 5),))
+    assert not compiled.coverage.fallback
+    x = torch.randn(2, 6, 3, 5) * 3 + 1
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

@@ -18,8 +18,6 @@ from opweave.frontends import torch_dynamo
 
 SCATTER = {"aten.copy.default", "aten.slice_scatter.default"}  # writes into a slice of a new
 # tensor (BART's shift_tokens_right, BEiT's relative position index); no scatter-into-slice op
-WEIGHT_NORM = "aten.linalg_vector_norm.default"  # the positional conv's weight norm
-GROUP_NORM = "aten.native_group_norm.default"  # no group-norm op in the IR
 
 # name -> the ops that run in eager (Coverage.fallback keys), and why; absent: none
 EXPECTED_FALLBACKS: dict[str, set[str]] = {
@@ -31,7 +29,6 @@ EXPECTED_FALLBACKS: dict[str, set[str]] = {
     "swin": {"aten.as_strided.default"},  # window partition by strides: no as_strided op
     # the pooler's window (the channel count, ceil mode) overlaps the input's edge
     "efficientnet": {"aten.avg_pool2d.default"},
-    "wav2vec2": {GROUP_NORM, WEIGHT_NORM}, "hubert": {GROUP_NORM, WEIGHT_NORM},
 }
 
 

@@ -414,6 +414,42 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
     return ctx.add("layer_norm", [v, w, b], {"normalized_shape": list(normalized_shape), "eps": eps})
 
 
+@lowers(aten.native_group_norm.default)
+def _group_norm(ctx, x, weight, bias, n, channels, spatial, groups, eps):
+    """Group norm as a layer norm over each group's elements ([N, G, C/G * HxW]), then the
+    per-channel affine map; mean and rstd come out as [N, G], as torch returns them."""
+    v = ctx.value(x)
+    shape = _shape(v)
+    width = channels // groups * spatial
+    normed, mean, rstd = _layer_norm_of(ctx, reshape(ctx, v, [n, groups, width]), [width], eps)
+    out = reshape(ctx, normed, shape)
+    per_channel = [channels] + [1] * (len(shape) - 2)
+    if weight is not None:
+        out = ctx.add1("mul", [out, reshape(ctx, ctx.value(weight), per_channel)])
+    if bias is not None:
+        out = ctx.add1("add", [out, reshape(ctx, ctx.value(bias), per_channel)])
+    return [out, reshape(ctx, mean, [n, groups]), reshape(ctx, rstd, [n, groups])]
+
+
+def _layer_norm_of(ctx, v, normalized_shape, eps):
+    ones = ctx.add1("full", [], {"shape": normalized_shape, "value": 1.0, "dtype": v.type.dtype})
+    zeros = ctx.add1("full", [], {"shape": normalized_shape, "value": 0.0, "dtype": v.type.dtype})
+    return ctx.add("layer_norm", [v, ones, zeros],
+                   {"normalized_shape": normalized_shape, "eps": eps})
+
+
+@lowers(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The Euclidean norm (weight normalization): sqrt(sum(x * x))."""
+    v = ctx.value(x)
+    if ord != 2 or dtype is not None or not v.type.dtype.is_floating_point:
+        raise Unsupported("vector norms other than the float 2-norm")
+    dims = _dims(dim, v.type.rank)
+    squares = ctx.add1("mul", [v, v])
+    total = ctx.add1("sum", [squares], {"dims": dims, "keepdim": keepdim}) if dims else squares
+    return ctx.add1("sqrt", [total])
+
+
 @lowers(aten._native_batch_norm_legit_no_training.default)
 def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
     v = ctx.value(x)
