@@ -141,7 +141,8 @@ class _CnnOps(torch.nn.Module):
         spread = torch.nn.functional.adaptive_avg_pool2d(single, (2, 3))
         padded = torch.nn.functional.pad(y, (1, 2, 0, 1), value=0.5)
         cropped = torch.nn.functional.pad(y, (-1, 2, 1, -2))
-        return pooled, tiles, single, spread, padded, cropped
+        whole = torch.nn.functional.avg_pool2d(y, 8, ceil_mode=True)  # EfficientNet's pooler
+        return pooled, tiles, single, spread, padded, cropped, whole
 
 
 def test_cnn_ops_lower_without_fallback():

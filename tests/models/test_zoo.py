@@ -27,8 +27,6 @@ EXPECTED_FALLBACKS: dict[str, set[str]] = {
     # the relative position bias is interpolated bilinearly: no resize op in the IR
     "beit": SCATTER | {"aten.upsample_bilinear2d.vec"},
     "swin": {"aten.as_strided.default"},  # window partition by strides: no as_strided op
-    # the pooler's window (the channel count, ceil mode) overlaps the input's edge
-    "efficientnet": {"aten.avg_pool2d.default"},
 }
 
 

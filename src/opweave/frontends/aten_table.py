@@ -583,9 +583,15 @@ def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
     v = ctx.value(x)
     kernel, stride = _pair(kernel), _pair(stride, _pair(kernel))
     padding = _pair(padding if isinstance(padding, (list, tuple)) else [padding])
+    shape = _shape(v)
+    if not any(padding) and divisor_override is None and \
+            all(k >= size for k, size in zip(kernel, shape[-2:])):
+        # one window over the whole input (EfficientNet's pooler: kernel = channels, ceil
+        # mode); torch divides by the cells inside the input, so this is the mean
+        return ctx.add1("mean", [v], {"dims": [len(shape) - 2, len(shape) - 1],
+                                      "keepdim": True})
     if stride != kernel or any(padding) or divisor_override is not None:
         raise Unsupported("average pooling over overlapping or padded windows")
-    shape = _shape(v)
     if any(size % k for size, k in zip(shape[-2:], kernel)):
         raise Unsupported("average pooling windows that do not tile the input")
     return _tile_mean(ctx, v, kernel)
