@@ -183,3 +183,29 @@ def test_group_norm_and_vector_norm_lower_without_fallback():
     x = torch.randn(2, 6, 3, 5) * 3 + 1
     for got, expected in zip(compiled(x), model(x)):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+class _ShiftRight(torch.nn.Module):
+    """BART's shift_tokens_right: slice assignments into a new tensor (slice_scatter and
+    copy after functionalization) ran in eager."""
+
+    def forward(self, ids, x):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 2
+        y = torch.zeros(3, 8)
+        y[1:-2] = x[:, :8]
+        y[:, -3:] = 1.5
+        return shifted.masked_fill(shifted == -100, 1), y
+
+
+def test_slice_assignment_lowers_without_fallback():
+    model = _ShiftRight()
+    ids, x = torch.randint(0, 50, (2, 7)), torch.randn(1, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (ids, x))
+    assert not compiled.coverage.fallback
+    ids, x = torch.randint(0, 50, (2, 7)), torch.randn(1, 9)
+    for got, expected in zip(compiled(ids, x), model(ids, x)):
+        torch.testing.assert_close(got, expected)

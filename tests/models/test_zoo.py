@@ -16,16 +16,12 @@ import opweave
 from opweave import models
 from opweave.frontends import torch_dynamo
 
-SCATTER = {"aten.copy.default", "aten.slice_scatter.default"}  # writes into a slice of a new
-# tensor (BART's shift_tokens_right, BEiT's relative position index); no scatter-into-slice op
-
 # name -> the ops that run in eager (Coverage.fallback keys), and why; absent: none
 EXPECTED_FALLBACKS: dict[str, set[str]] = {
     # log-bucketed relative positions: no sign or ceil op in the IR
     "deberta-v2": {"aten.sign.default", "aten.ceil.default"},
-    "bart": SCATTER,
     # the relative position bias is interpolated bilinearly: no resize op in the IR
-    "beit": SCATTER | {"aten.upsample_bilinear2d.vec"},
+    "beit": {"aten.upsample_bilinear2d.vec"},
     "swin": {"aten.as_strided.default"},  # window partition by strides: no as_strided op
 }
 

@@ -312,6 +312,37 @@ def _repeat(ctx, x, repeats):
     return reshape(ctx, tiled, [r * s for r, s in zip(repeats, have)])
 
 
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
+    """`base` with `base[start:end]` along `dim` replaced by `src` (a functionalized slice
+    assignment: BART shifting its tokens right), as a cat of the kept parts and `src`."""
+    v, new = ctx.value(base), ctx.value(src)
+    dim = dim % v.type.rank
+    size = v.type.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None or end > size else (end + size if end < 0 else end)
+    if step != 1 or new.type.dtype != v.type.dtype or new.type.shape[dim] != end - start:
+        raise Unsupported("slice assignment with a step or another dtype")
+    parts = []
+    if start > 0:
+        parts.append(ctx.add1("slice", [v], {"dim": dim, "start": 0, "end": start, "step": 1}))
+    parts.append(new)
+    if end < size:
+        parts.append(ctx.add1("slice", [v], {"dim": dim, "start": end, "end": size, "step": 1}))
+    return parts[0] if len(parts) == 1 else ctx.add1("cat", parts, {"dim": dim})
+
+
+@lowers(aten.copy.default)
+def _copy(ctx, dst, src, non_blocking=False):
+    """The functional copy: `src`'s values in `dst`'s shape and dtype."""
+    v, new = ctx.value(dst), ctx.value(src)
+    if new.type.dtype != v.type.dtype:
+        new = ctx.add1("cast", [new], {"dtype": v.type.dtype})
+    if _shape(new) != _shape(v):
+        new = ctx.add1("expand", [new], {"shape": _shape(v)})
+    return new
+
+
 @lowers(aten.slice.Tensor)
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     v = ctx.value(x)
