@@ -28,3 +28,16 @@ def test_console_script_is_installed():
     result = subprocess.run([sys.executable, "-m", "opweave.cli", "explain", "nope"],
                             capture_output=True, text=True)
     assert result.returncode == 2 and "invalid choice: 'nope'" in result.stderr
+
+
+def test_bench_zoo_selects_the_zoo_after_named_models():
+    import argparse
+
+    from opweave import models
+    from opweave.cli import bench_models
+
+    assert bench_models(argparse.Namespace(models=None, zoo=False)) == list(models.BENCHMARK_SET)
+    assert bench_models(argparse.Namespace(models=None, zoo=True)) == list(models.ZOO_SET)
+    chosen = bench_models(argparse.Namespace(models=["gcn", "zoo-gpt2"], zoo=True))
+    assert chosen[:2] == ["gcn", "zoo-gpt2"] and chosen.count("zoo-gpt2") == 1
+    assert set(chosen) == {"gcn", *models.ZOO_SET}

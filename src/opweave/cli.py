@@ -100,7 +100,7 @@ def _bench(args) -> int:
 
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.DEFAULT_BACKENDS)
-    config = harness.BenchConfig(models=args.models, backends=backends, mode=args.mode,
+    config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
                                  threads=args.threads, small=args.small,
                                  log_dir=str(Path(args.out) / "logs"))
@@ -140,6 +140,16 @@ def _fuzz(args) -> int:
         summary = fuzz(config, log=lambda line: print(line, flush=True))
     print(report(summary, config))
     return 1 if summary.failed else 0
+
+
+def bench_models(args) -> list[str]:
+    """`--models` (default: the benchmark set unless `--zoo`), then the zoo with `--zoo`."""
+    from . import models
+
+    names = list(args.models or ([] if args.zoo else models.BENCHMARK_SET))
+    if args.zoo:
+        names += [n for n in models.ZOO_SET if n not in names]
+    return names
 
 
 def _opweave_sound(model, config) -> bool:
@@ -230,8 +240,10 @@ def _add_bench_parser(sub, models) -> None:
 
     p = sub.add_parser("bench", help="measure opweave against eager, Inductor, ONNX Runtime, TVM, "
                                           "OpenVINO")
-    p.add_argument("--models", nargs="+", choices=sorted(models.BUILDERS),
-                   default=list(models.BENCHMARK_SET))
+    p.add_argument("--models", nargs="+", choices=sorted(models.BUILDERS), default=None,
+                   help="default: the five benchmark models")
+    p.add_argument("--zoo", action="store_true",
+                   help="add every zoo model (zoo-*, standard sizes; see models/zoo.py)")
     p.add_argument("--backends", nargs="+", choices=BACKENDS, default=None,
                    help="default: all (inference) or eager, inductor, opweave (training); "
                         "eager is always measured as the reference")

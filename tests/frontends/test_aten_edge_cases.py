@@ -69,6 +69,7 @@ def test_the_gradient_of_an_index_put_with_negative_indices():
     model(idx, v).backward()
     torch.testing.assert_close(got, model.x.grad)
 
+
 class _Split(torch.nn.Module):
     def __init__(self, sizes, dim):
         super().__init__()
@@ -88,3 +89,160 @@ def test_split_with_sizes_runs_in_opweave(shape, sizes, dim):
         compiled = opweave.compile(model, (x,))
     for got, want in zip(compiled(x), model(x), strict=True):
         torch.testing.assert_close(got, want)
+
+
+class _CastsAndRepeats(torch.nn.Module):
+    """`.to()` calls (torch.export asserts their source's metadata) and `repeat`, both of
+    which ran in eager (DeBERTa-v2, RoBERTa and MPNet of the zoo use them)."""
+
+    def __init__(self, repeats):
+        super().__init__()
+        self.repeats = repeats
+
+    def forward(self, x, ids):
+        return x.float() * 2 + ids.to(torch.float32), (x + 1).repeat(*self.repeats)
+
+
+@pytest.mark.parametrize("repeats", [(2, 1, 3), (1, 1, 1), (2, 3, 1, 2), (1, 4, 1, 1, 1)])
+def test_casts_and_repeat_lower_without_fallback(repeats):
+    model = _CastsAndRepeats(repeats)
+    x, ids = torch.randn(1, 3, 4), torch.arange(12).reshape(1, 3, 4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (x, ids))
+    assert not compiled.coverage.fallback
+    x, ids = torch.randn(1, 3, 4), torch.randint(-5, 5, (1, 3, 4))
+    for got, expected in zip(compiled(x, ids), model(x, ids)):
+        torch.testing.assert_close(got, expected)
+
+
+class _PositionIds(torch.nn.Module):
+    """RoBERTa's position ids: a running count of the non-padding tokens (cumsum ran in
+    eager in twelve zoo transformers)."""
+
+    def forward(self, ids, x):
+        mask = ids.ne(1).int()
+        positions = torch.cumsum(mask, dim=1).type_as(mask) * mask + 1
+        return positions, x.cumsum(-1), x.cumsum(0, dtype=torch.float64)
+
+
+def test_cumsum_lowers_without_fallback():
+    model = _PositionIds()
+    ids, x = torch.tensor([[0, 5, 1, 1, 7, 3]]), torch.randn(3, 5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (ids, x))
+    assert not compiled.coverage.fallback
+    ids, x = torch.tensor([[1, 1, 4, 1, 2, 2]]), torch.randn(3, 5)
+    for got, expected in zip(compiled(ids, x), model(ids, x)):
+        torch.testing.assert_close(got, expected)
+
+
+class _MultiIndex(torch.nn.Module):
+    """Several index tensors at adjacent dims, broadcast together (transformers' causal
+    masks read padding_mask[batch_idx, kv_idx]; ran in eager in seven zoo decoders)."""
+
+    def forward(self, x, rows, cols):
+        b = torch.arange(x.shape[0])[:, None, None]
+        return x[b, rows, cols], x[:, rows[0], cols[0]], x[1][rows[0], cols[0]]
+
+
+def test_multi_tensor_index_lowers_without_fallback():
+    model = _MultiIndex()
+    x = torch.randn(2, 5, 7, 3)
+    rows, cols = torch.randint(-5, 5, (1, 4, 1)), torch.randint(-7, 7, (1, 1, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (x, rows, cols))
+    assert not compiled.coverage.fallback
+    x = torch.randn(2, 5, 7, 3)
+    rows, cols = torch.randint(-5, 5, (1, 4, 1)), torch.randint(-7, 7, (1, 1, 6))
+    for got, expected in zip(compiled(x, rows, cols), model(x, rows, cols)):
+        torch.testing.assert_close(got, expected)
+
+
+class _CnnOps(torch.nn.Module):
+    """Ops the zoo's CNNs ran in eager: ReLU6 (hardtanh), padding="valid" (one padding
+    value for two dims), tiled average pooling, adaptive average pooling that tiles or
+    repeats a 1x1 input, and constant padding (TF "same" padding, Swin's window pad)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding="valid")
+
+    def forward(self, x):
+        y = torch.nn.functional.relu6(self.conv(x) * 4)  # [1, 4, 6, 6]
+        pooled = torch.nn.functional.avg_pool2d(y, 2)
+        tiles = torch.nn.functional.adaptive_avg_pool2d(y, 3)
+        single = torch.nn.functional.adaptive_avg_pool2d(y, 1)
+        spread = torch.nn.functional.adaptive_avg_pool2d(single, (2, 3))
+        padded = torch.nn.functional.pad(y, (1, 2, 0, 1), value=0.5)
+        cropped = torch.nn.functional.pad(y, (-1, 2, 1, -2))
+        whole = torch.nn.functional.avg_pool2d(y, 8, ceil_mode=True)  # EfficientNet's pooler
+        return pooled, tiles, single, spread, padded, cropped, whole
+
+
+def test_cnn_ops_lower_without_fallback():
+    model = _CnnOps().eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (torch.randn(1, 3, 8, 8),))
+    assert not compiled.coverage.fallback
+    x = torch.randn(1, 3, 8, 8)
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected)
+
+
+class _Norms(torch.nn.Module):
+    """Group norm (wav2vec 2.0's feature extractor) and the 2-norm of weight normalization
+    (its positional conv) ran in eager."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.GroupNorm(2, 6)
+        self.plain = torch.nn.GroupNorm(3, 6, affine=False)
+
+    def forward(self, x):
+        flat = x.flatten(2)
+        return (self.norm(x) * 2, self.plain(flat), torch.linalg.vector_norm(x, dim=(0, 2)),
+                x.norm(dim=-1, keepdim=True), torch.linalg.vector_norm(x))
+
+
+def test_group_norm_and_vector_norm_lower_without_fallback():
+    model = _Norms().eval()
+    with torch.no_grad():
+        model.norm.weight.uniform_(0.5, 2)
+        model.norm.bias.uniform_(-1, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (torch.randn(2, 6, 3, 5),))
+    assert not compiled.coverage.fallback
+    x = torch.randn(2, 6, 3, 5) * 3 + 1
+    for got, expected in zip(compiled(x), model(x)):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+class _ShiftRight(torch.nn.Module):
+    """BART's shift_tokens_right: slice assignments into a new tensor (slice_scatter and
+    copy after functionalization) ran in eager."""
+
+    def forward(self, ids, x):
+        shifted = ids.new_zeros(ids.shape)
+        shifted[:, 1:] = ids[:, :-1].clone()
+        shifted[:, 0] = 2
+        y = torch.zeros(3, 8)
+        y[1:-2] = x[:, :8]
+        y[:, -3:] = 1.5
+        return shifted.masked_fill(shifted == -100, 1), y
+
+
+def test_slice_assignment_lowers_without_fallback():
+    model = _ShiftRight()
+    ids, x = torch.randint(0, 50, (2, 7)), torch.randn(1, 9)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (ids, x))
+    assert not compiled.coverage.fallback
+    ids, x = torch.randint(0, 50, (2, 7)), torch.randn(1, 9)
+    for got, expected in zip(compiled(ids, x), model(ids, x)):
+        torch.testing.assert_close(got, expected)

@@ -109,6 +109,14 @@ def softmax_case(draw, fn):
 
 
 @st.composite
+def cumsum_case(draw):
+    shape = draw(st.lists(st.integers(0, 4), min_size=1, max_size=4).map(tuple))
+    dim = draw(st.integers(-len(shape), len(shape) - 1))
+    x = tensor(shape, draw(st.sampled_from(NUMERIC + [torch.bool])))
+    return Case([x], {"dim": dim}, lambda t: torch.cumsum(t, dim))
+
+
+@st.composite
 def layer_norm_case(draw):
     shape = draw(st.lists(st.integers(1, 4), min_size=1, max_size=4).map(tuple))
     k = draw(st.integers(1, len(shape)))
@@ -492,6 +500,7 @@ CASES = {
     "sum": reduce_case("sum", NUMERIC), "mean": reduce_case("mean", FLOATS),
     "amax": reduce_case("amax", NUMERIC), "amin": reduce_case("amin", NUMERIC),
     "any": reduce_case("any", [torch.bool, torch.float32]),
+    "cumsum": cumsum_case(),
     "softmax": softmax_case(torch.softmax), "log_softmax": softmax_case(torch.log_softmax),
     "layer_norm": layer_norm_case(), "batch_norm": batch_norm_case(),
     "reshape": reshape_case(), "permute": permute_case(), "expand": expand_case(),

@@ -35,6 +35,20 @@ def _identity(ctx, x, *args, **kwargs):
     return ctx.value(x)
 
 
+@lowers(aten._assert_tensor_metadata.default)
+def _assert_tensor_metadata(ctx, x, size=None, stride=None, dtype=None, *, device=None,
+                            layout=None):
+    """torch.export's check of a tensor's dtype (from `.to()` calls): every IR type is
+    static, so a check that holds here holds on every call (the compiled model guards its
+    inputs' types); one that fails runs in eager, where it raises."""
+    v = ctx.value(x)
+    if (dtype is not None and dtype != v.type.dtype) or \
+            (size is not None and list(size) != _shape(v)) or \
+            (device is not None and torch.device(device).type != "cpu"):
+        raise Unsupported("the asserted metadata differs from the traced tensor's")
+    return None
+
+
 @lowers(operator.getitem)
 def _getitem(ctx, source, index):
     produced = ctx.values.get(source)
@@ -297,6 +311,53 @@ def _expand(ctx, x, size, implicit=False):
     return ctx.add1("expand", [v], {"shape": shape})
 
 
+@lowers(aten.repeat.default)
+def _repeat(ctx, x, repeats):
+    """x.repeat(r): tile each dim r times, as expand over a new axis before each dim, then
+    a reshape merging the pairs (leading repeats beyond x's rank add dims)."""
+    v = ctx.value(x)
+    have = [1] * (len(repeats) - v.type.rank) + _shape(v)
+    if len(have) != len(repeats):
+        raise Unsupported("repeat with fewer repeats than dims")
+    if all(r == 1 for r in repeats):
+        return reshape(ctx, v, have)
+    spread = reshape(ctx, v, [d for s in have for d in (1, s)])
+    tiled = ctx.add1("expand", [spread], {"shape": [d for r, s in zip(repeats, have)
+                                                    for d in (r, s)]})
+    return reshape(ctx, tiled, [r * s for r, s in zip(repeats, have)])
+
+
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(ctx, base, src, dim=0, start=None, end=None, step=1):
+    """`base` with `base[start:end]` along `dim` replaced by `src` (a functionalized slice
+    assignment: BART shifting its tokens right), as a cat of the kept parts and `src`."""
+    v, new = ctx.value(base), ctx.value(src)
+    dim = dim % v.type.rank
+    size = v.type.shape[dim]
+    start = 0 if start is None else (start + size if start < 0 else start)
+    end = size if end is None or end > size else (end + size if end < 0 else end)
+    if step != 1 or new.type.dtype != v.type.dtype or new.type.shape[dim] != end - start:
+        raise Unsupported("slice assignment with a step or another dtype")
+    parts = []
+    if start > 0:
+        parts.append(ctx.add1("slice", [v], {"dim": dim, "start": 0, "end": start, "step": 1}))
+    parts.append(new)
+    if end < size:
+        parts.append(ctx.add1("slice", [v], {"dim": dim, "start": end, "end": size, "step": 1}))
+    return parts[0] if len(parts) == 1 else ctx.add1("cat", parts, {"dim": dim})
+
+
+@lowers(aten.copy.default)
+def _copy(ctx, dst, src, non_blocking=False):
+    """The functional copy: `src`'s values in `dst`'s shape and dtype."""
+    v, new = ctx.value(dst), ctx.value(src)
+    if new.type.dtype != v.type.dtype:
+        new = ctx.add1("cast", [new], {"dtype": v.type.dtype})
+    if _shape(new) != _shape(v):
+        new = ctx.add1("expand", [new], {"shape": _shape(v)})
+    return new
+
+
 @lowers(aten.slice.Tensor)
 def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     v = ctx.value(x)
@@ -309,13 +370,17 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
 
 
 @lowers(aten.split_with_sizes.default)
-def _split_with_sizes(ctx, x, split_sizes, dim=0):
-    """Consecutive slices along `dim` (GPT-2 splits its fused QKV projection so)."""
-    parts, start = [], 0
-    for size in split_sizes:
-        parts.append(_slice(ctx, x, dim, start, start + size))
-        start += size
-    return parts
+def _split_with_sizes(ctx, x, sizes, dim=0):
+    """Consecutive slices along `dim` (GPT-2 splits its fused q, k, v projection)."""
+    v = ctx.value(x)
+    dim = dim % v.type.rank
+    if sum(sizes) != v.type.shape[dim]:
+        raise Unsupported("split sizes that do not add up to the dim")
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    if len(sizes) == 1:
+        return [v]
+    return [ctx.add1("slice", [v], {"dim": dim, "start": s, "end": s + n, "step": 1})
+            for s, n in zip(starts, sizes)]
 
 
 @lowers(aten.select.int)
@@ -371,6 +436,17 @@ def _softmax(ctx, x, dim, half_to_float):
     return ctx.add1(op, [v], {"dim": dim % v.type.rank})
 
 
+@lowers(aten.cumsum.default)
+def _cumsum(ctx, x, dim, dtype=None):
+    """Running sum (position ids from a padding mask in RoBERTa, OPT, Llama, ...)."""
+    v = ctx.value(x)
+    if v.type.rank == 0:
+        raise Unsupported("cumsum of a 0-d tensor")
+    if dtype is not None and dtype != v.type.dtype:  # torch sums in `dtype`
+        v = ctx.add1("cast", [v], {"dtype": dtype})
+    return ctx.add1("cumsum", [v], {"dim": dim % v.type.rank})
+
+
 def _ones_or(ctx, node, shape, dtype, value):
     if node is not None:
         return ctx.value(node)
@@ -383,6 +459,42 @@ def _layer_norm(ctx, x, normalized_shape, weight, bias, eps):
     w = _ones_or(ctx, weight, normalized_shape, v.type.dtype, 1.0)
     b = _ones_or(ctx, bias, normalized_shape, v.type.dtype, 0.0)
     return ctx.add("layer_norm", [v, w, b], {"normalized_shape": list(normalized_shape), "eps": eps})
+
+
+@lowers(aten.native_group_norm.default)
+def _group_norm(ctx, x, weight, bias, n, channels, spatial, groups, eps):
+    """Group norm as a layer norm over each group's elements ([N, G, C/G * HxW]), then the
+    per-channel affine map; mean and rstd come out as [N, G], as torch returns them."""
+    v = ctx.value(x)
+    shape = _shape(v)
+    width = channels // groups * spatial
+    normed, mean, rstd = _layer_norm_of(ctx, reshape(ctx, v, [n, groups, width]), [width], eps)
+    out = reshape(ctx, normed, shape)
+    per_channel = [channels] + [1] * (len(shape) - 2)
+    if weight is not None:
+        out = ctx.add1("mul", [out, reshape(ctx, ctx.value(weight), per_channel)])
+    if bias is not None:
+        out = ctx.add1("add", [out, reshape(ctx, ctx.value(bias), per_channel)])
+    return [out, reshape(ctx, mean, [n, groups]), reshape(ctx, rstd, [n, groups])]
+
+
+def _layer_norm_of(ctx, v, normalized_shape, eps):
+    ones = ctx.add1("full", [], {"shape": normalized_shape, "value": 1.0, "dtype": v.type.dtype})
+    zeros = ctx.add1("full", [], {"shape": normalized_shape, "value": 0.0, "dtype": v.type.dtype})
+    return ctx.add("layer_norm", [v, ones, zeros],
+                   {"normalized_shape": normalized_shape, "eps": eps})
+
+
+@lowers(aten.linalg_vector_norm.default)
+def _vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """The Euclidean norm (weight normalization): sqrt(sum(x * x))."""
+    v = ctx.value(x)
+    if ord != 2 or dtype is not None or not v.type.dtype.is_floating_point:
+        raise Unsupported("vector norms other than the float 2-norm")
+    dims = _dims(dim, v.type.rank)
+    squares = ctx.add1("mul", [v, v])
+    total = ctx.add1("sum", [squares], {"dims": dims, "keepdim": keepdim}) if dims else squares
+    return ctx.add1("sqrt", [total])
 
 
 @lowers(aten._native_batch_norm_legit_no_training.default)
@@ -495,8 +607,93 @@ def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, ou
     if transposed:
         raise Unsupported("transposed convolution")
     inputs = [ctx.value(x), ctx.value(weight)] + ([ctx.value(bias)] if bias is not None else [])
-    return ctx.add1("conv", inputs, {"stride": list(stride), "padding": list(padding),
-                                     "dilation": list(dilation), "groups": groups})
+    spatial = inputs[0].type.rank - 2
+
+    def per_dim(v):  # torch broadcasts one value to every spatial dim (padding="valid": [0])
+        return list(v) * spatial if len(v) == 1 else list(v)
+
+    return ctx.add1("conv", inputs, {"stride": per_dim(stride), "padding": per_dim(padding),
+                                     "dilation": per_dim(dilation), "groups": groups})
+
+
+@lowers(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    """ReLU6 (MobileNetV2) is hardtanh(0, 6)."""
+    return ctx.add1("clamp", [ctx.value(x)], {"min": min_val, "max": max_val})
+
+
+@lowers(aten.avg_pool2d.default)
+def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    """Average pooling over windows that tile the input (kernel = stride, no padding):
+    a mean over the split axes. Overlapping or padded windows run in eager."""
+    v = ctx.value(x)
+    kernel, stride = _pair(kernel), _pair(stride, _pair(kernel))
+    padding = _pair(padding if isinstance(padding, (list, tuple)) else [padding])
+    shape = _shape(v)
+    if not any(padding) and divisor_override is None and \
+            all(k >= size for k, size in zip(kernel, shape[-2:])):
+        # one window over the whole input (EfficientNet's pooler: kernel = channels, ceil
+        # mode); torch divides by the cells inside the input, so this is the mean
+        return ctx.add1("mean", [v], {"dims": [len(shape) - 2, len(shape) - 1],
+                                      "keepdim": True})
+    if stride != kernel or any(padding) or divisor_override is not None:
+        raise Unsupported("average pooling over overlapping or padded windows")
+    if any(size % k for size, k in zip(shape[-2:], kernel)):
+        raise Unsupported("average pooling windows that do not tile the input")
+    return _tile_mean(ctx, v, kernel)
+
+
+@lowers(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(ctx, x, output_size):
+    """Adaptive average pooling where each output cell averages a tile of the input
+    (the input size a multiple of the output size), or repeats a 1x1 input."""
+    v = ctx.value(x)
+    shape, out = _shape(v), _pair(output_size)
+    if shape[-2:] == [1, 1]:
+        return _expand(ctx, x, shape[:-2] + out)
+    if any(size % o for size, o in zip(shape[-2:], out)):
+        raise Unsupported("adaptive average pooling with overlapping windows")
+    return _tile_mean(ctx, v, [size // o for size, o in zip(shape[-2:], out)])
+
+
+def _tile_mean(ctx, v, kernel):
+    """Mean over non-overlapping kh x kw tiles of the last two axes."""
+    *lead, h, w = _shape(v)
+    (kh, kw) = kernel
+    if (kh, kw) == (1, 1):
+        return v
+    split = reshape(ctx, v, lead + [h // kh, kh, w // kw, kw])
+    rank = len(lead) + 4
+    mean = ctx.add1("mean", [split], {"dims": [rank - 3, rank - 1], "keepdim": False})
+    return mean
+
+
+@lowers(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx, x, pad, value=0):
+    """Padding (pairs of before/after counts from the last dim backwards) as a cat with
+    constant blocks; negative counts crop."""
+    v = ctx.value(x)
+    for i in range(len(pad) // 2):
+        dim = v.type.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            size = v.type.shape[dim]
+            v = ctx.add1("slice", [v], {"dim": dim, "start": max(-before, 0),
+                                        "end": size - max(-after, 0), "step": 1})
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for count, at_end in ((before, False), (after, True)):
+            if count:
+                shape = _shape(v)
+                shape[dim] = count
+                block = ctx.add1("full", [], {"shape": shape, "value": value,
+                                              "dtype": v.type.dtype})
+                parts.append((at_end, block))
+        if parts:
+            pieces = [b for end, b in parts if not end] + [v] + [b for end, b in parts if end]
+            v = ctx.add1("cat", pieces, {"dim": dim})
+    return v
 
 
 @lowers(aten.convolution_backward.default)
@@ -641,8 +838,11 @@ def _index_select(ctx, x, dim, index):
 
 @lowers(aten.index.Tensor)
 def _index(ctx, x, indices):
-    """x[..., idx, ...] with one integer index tensor (any rank) at one dim."""
+    """x[..., idx, ...] with one integer index tensor (any rank) at one dim, or with
+    several at adjacent dims (see `_multi_index`)."""
     v = ctx.value(x)
+    if sum(t is not None for t in indices) > 1:
+        return _multi_index(ctx, v, indices)
     dim, index = _single_index(ctx, indices)
     flat = _wrapped(ctx, reshape(ctx, index, [index.type.numel]), v.type.shape[dim])
     picked = ctx.add1("index_select", [v, flat], {"dim": dim})
@@ -656,6 +856,50 @@ def _wrapped(ctx, index, size: int):
     negative = ctx.add1("lt", [index, ctx.scalar(0, index)])
     shifted = ctx.add1("add", [index, ctx.scalar(size, index)])
     return ctx.add1("where", [negative, shifted, index])
+
+
+def _multi_index(ctx, v, indices):
+    """x[..., i, j, ...] with integer index tensors at adjacent dims (transformers' masks
+    read `padding_mask[batch_idx, kv_idx]`): the indices broadcast together, wrap when
+    negative, and combine into one row-major index into those dims flattened, which one
+    index_select reads."""
+    present = [d for d, t in enumerate(indices) if t is not None]
+    first, count = present[0], len(present)
+    if present != list(range(first, first + count)):
+        raise Unsupported("advanced indexing with index tensors at dims that are not adjacent")
+    shape = _shape(v)
+    sizes = shape[first:first + count]
+    values = [ctx.value(indices[d]) for d in present]
+    if any(i.type.dtype not in (torch.int64, torch.int32) for i in values):
+        raise Unsupported("advanced indexing other than by integer indices")
+    broadcast = list(torch.broadcast_shapes(*(tuple(_shape(i)) for i in values)))
+    linear = None
+    for i, size, stride in zip(values, sizes, _row_strides(sizes)):
+        if i.type.dtype != torch.int64:
+            i = ctx.add1("cast", [i], {"dtype": torch.int64})
+        i = _wrapped(ctx, i, size)
+        if stride != 1:
+            i = ctx.add1("mul", [i, ctx.scalar(stride, i)])
+        linear = i if linear is None else ctx.add1("add", [linear, i])
+    if _shape(linear) != broadcast:
+        linear = ctx.add1("expand", [linear], {"shape": broadcast})
+    numel = 1
+    for d in broadcast:
+        numel *= d
+    rows = 1
+    for d in sizes:
+        rows *= d
+    flat = reshape(ctx, v, shape[:first] + [rows] + shape[first + count:])
+    picked = ctx.add1("index_select", [flat, reshape(ctx, linear, [numel])], {"dim": first})
+    return reshape(ctx, picked, shape[:first] + broadcast + shape[first + count:])
+
+
+def _row_strides(sizes):
+    strides, step = [], 1
+    for size in reversed(sizes):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
 
 
 def _single_index(ctx, indices):

@@ -144,6 +144,7 @@ class CompiledProgram:
         self.output_node = next(n for n in graph.nodes if n.op == "output")
         self._build_segments()
         self._plan_frees()
+        self._dense = self._dense_values()
 
     # -- classification ------------------------------------------------------------------
     def _classify(self, graph: fx.Graph):
@@ -212,6 +213,21 @@ class CompiledProgram:
         ctx.graph.remove_dead()
         return ctx.graph
 
+    def _dense_values(self) -> set[fx.Node]:
+        """The values eager steps read that torch traced as contiguous tensors. A segment
+        may produce them in another layout (a library form's output as a transposed view),
+        and some ATen kernels refuse non-contiguous inputs (native_group_norm)."""
+        dense = set()
+        for step in self.steps:
+            if isinstance(step, _Segment):
+                continue
+            for dep in step.all_input_nodes:
+                example = dep.meta.get("val")
+                if isinstance(example, torch.Tensor) and example.layout == torch.strided \
+                        and example.is_contiguous():
+                    dense.add(dep)
+        return dense
+
     def _plan_frees(self) -> None:
         """After each step, which FX values nobody later needs (dropped to free memory)."""
         slot = {n: i for i, n in enumerate(self.gm.graph.nodes)}
@@ -241,8 +257,10 @@ class CompiledProgram:
                 for node, value in zip(step.outputs, results):
                     env[self._slot[node]] = value
             else:
-                fn_args = fx.node.map_arg(step.args, lambda n: env[self._slot[n]])
-                fn_kwargs = fx.node.map_arg(step.kwargs, lambda n: env[self._slot[n]])
+                dense = self._dense
+                fn_args = fx.node.map_arg(step.args, lambda n: _read(env[self._slot[n]], n, dense))
+                fn_kwargs = fx.node.map_arg(step.kwargs,
+                                            lambda n: _read(env[self._slot[n]], n, dense))
                 env[self._slot[step]] = step.target(*fn_args, **fn_kwargs)
             for s in frees:
                 env[s] = None
@@ -264,6 +282,13 @@ class CompiledProgram:
     def warn_fallbacks(self) -> None:
         if self.coverage.fallback:
             _warn_once(self.coverage.fallback_message())
+
+
+def _read(value, node: fx.Node, dense: set[fx.Node]):
+    """An eager step's argument, contiguous where torch traced it contiguous."""
+    if node in dense and isinstance(value, torch.Tensor) and not value.is_contiguous():
+        return value.contiguous()
+    return value
 
 
 def _warn_once(message: str) -> None:

@@ -9,6 +9,7 @@ from .base import BenchmarkModel, like_trained
 from .gcn import gcn
 from .transformers_models import bert, resnet50, vit
 from .xmlcnn import xmlcnn
+from .zoo import ZOO
 
 # name -> builder(small: bool) -> BenchmarkModel
 BUILDERS: dict[str, Callable[[bool], BenchmarkModel]] = {
@@ -19,7 +20,10 @@ BUILDERS: dict[str, Callable[[bool], BenchmarkModel]] = {
     "xmlcnn": lambda small=False: xmlcnn(small),
     "gcn": lambda small=False: gcn(small),
     "gcn-dense": lambda small=False: gcn(small, dense=True),
+    # the zoo (models/zoo.py): more architectures, for coverage; `opweave bench --zoo`
+    **{f"zoo-{name}": builder for name, builder in ZOO.items()},
 }
+ZOO_SET = tuple(f"zoo-{name}" for name in ZOO)
 
 # The five benchmark models of the demo (BERT-large is available but slow on 2 cores).
 BENCHMARK_SET = ("bert-base", "vit-b16", "resnet50", "xmlcnn", "gcn")
@@ -37,5 +41,5 @@ def build(name: str, small: bool = False) -> BenchmarkModel:
     return model
 
 
-__all__ = ["BenchmarkModel", "BUILDERS", "BENCHMARK_SET", "build", "bert", "vit", "resnet50",
+__all__ = ["BenchmarkModel", "BUILDERS", "BENCHMARK_SET", "ZOO_SET", "build", "bert", "vit", "resnet50",
            "xmlcnn", "gcn"]

@@ -107,6 +107,21 @@ define("log_softmax", 1, MANY, same_shape, _float_same, _log_softmax, attrs={"di
        flops=per_input_element(5))
 
 
+def _cumsum_dtype(ins, attrs):
+    norm_dim(attrs["dim"], max(ins[0].rank, 1))
+    dtype = ins[0].dtype
+    return [dtype if dtype.is_floating_point else torch.int64]  # as torch promotes
+
+
+def _cumsum(x, dim):
+    """Running sum along `dim` (integers and booleans sum as int64, as in torch)."""
+    return torch.cumsum(x, dim, dtype=None if x.is_floating_point() else torch.int64)
+
+
+define("cumsum", 1, MANY, same_shape, _cumsum_dtype, _cumsum, attrs={"dim": Attr("int")},
+       flops=per_input_element(1))
+
+
 def _layer_norm_shapes(ins, attrs):
     x, weight, bias = ins
     normalized = tuple(attrs["normalized_shape"])
