@@ -17,7 +17,8 @@ from typing import Callable
 from ..files import atomic_write_bytes, cache_root
 from .modes import INFER
 
-CACHE_FILE = "gemm_peak.json"
+# the format in the name: a file of an older format is never read (and never warned about)
+CACHE_FILE = "gemm_peak-v2.json"
 GEMM_SIZES = (512, 1024, 2048)
 CALIBRATION_VERSION = 2  # part of the cache key: a new method never reads old figures
 
