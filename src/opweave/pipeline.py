@@ -21,7 +21,7 @@ from typing import Callable
 from . import tune
 from .files import atomic_write
 from .ir import Graph, verify
-from .ir.text import print_graph
+from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options
 from .runtime import Executor
@@ -82,8 +82,10 @@ def _rewrite(graph: Graph, options: Options):
 def _gemm_layout(graph: Graph, options: Options):
     from .passes.gemm_layout import transpose_gemm_weights
 
-    changed = transpose_gemm_weights(graph)  # edits in place: only how constants are stored
-    return graph, f"{changed} GEMM weight(s) stored transposed"
+    # the pass edits in place: it works on a copy, so a failure leaves its input whole
+    copy = parse_graph(print_graph(graph), dict(graph.constants))
+    changed = transpose_gemm_weights(copy)
+    return (copy if changed else graph), f"{changed} GEMM weight(s) stored transposed"
 
 
 GRAPH_PASSES: tuple[Pass, ...] = (
