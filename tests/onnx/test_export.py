@@ -79,3 +79,16 @@ def test_scatter_with_a_larger_source_is_refused():
     g.outputs = [g.add1("scatter", [x, index, src], {"dim": 0})]
     with pytest.raises(opweave.onnx.OnnxExportError, match="larger than its index"):
         opweave.to_onnx(g)
+
+
+def test_adaptive_max_pooling_to_an_empty_axis_is_refused_clearly():
+    """Found by opweave fuzz: the exporter crashed with `max() arg is an empty sequence`."""
+    from opweave.ir import parse_graph
+    from opweave.onnx.export import OnnxExportError, export
+
+    g = parse_graph("""graph @pool(%x: f32[3,1,3]) {
+      %y: f32[3,5,0] = adaptive_max_pool2d(%x) {output_size=[5, 0], with_indices=false}
+      return %y
+    }""", {})
+    with pytest.raises(OnnxExportError, match="empty axis"):
+        export(g)

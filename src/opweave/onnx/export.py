@@ -220,6 +220,10 @@ def _adaptive_max_pool(w: _Writer, node: Node, x: str, out: str) -> None:
     (max is separable, so rows then columns gives the window maximum)."""
     from ..ir.ops.nn import chunk_positions
 
+    if 0 in node.attrs["output_size"] or 0 in node.inputs[0].type.shape[-2:]:
+        # no window to gather (found by opweave fuzz: it crashed with a bare ValueError)
+        raise OnnxExportError(f"adaptive max pooling over or to an empty axis has no ONNX "
+                              f"form in opweave's exporter (node {out})")
     shape = node.inputs[0].type.shape
     current = x
     for axis, size in zip((-2, -1), node.attrs["output_size"]):
