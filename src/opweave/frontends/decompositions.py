@@ -5,7 +5,7 @@ the core table decomposes the fused CPU flash-attention kernel into a form whose
 output is the attention matrix, not the logsumexp the fused backward expects, so under
 AOTAutograd the gradients come out wrong (3.2 max abs error on a small ViT; PyTorch's
 comment says inductor must exclude it too). opweave keeps the fused op and lowers it
-itself (see `aten_table`), with the correct logsumexp.
+itself (see `aten`), with the correct logsumexp.
 
 The other composites (layer norm, softmax, log-softmax, GELU, NLL and their backwards)
 are decomposed where that lets the partitioner fuse the parts: the backwards become

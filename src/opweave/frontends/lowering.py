@@ -1,7 +1,7 @@
 """Lowering ATen-level FX nodes into the IR.
 
 `LoweringContext` holds the IR graph under construction and the map from FX nodes to IR
-values. The per-op rules live in `aten_table`; this module holds what they share: turning
+values. The per-op rules live in `aten`; this module holds what they share: turning
 FX arguments into IR values, scalar constants, and the `Unsupported` signal that sends a
 node to eager PyTorch instead.
 """

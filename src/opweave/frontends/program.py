@@ -22,7 +22,7 @@ from ..notices import OpweaveFallbackWarning, warn_once
 from ..options import Options
 from ..pipeline import CompiledGraph, compile_graph
 from ..runtime import Executor
-from . import aten_table  # noqa: F401  (fills the lowering table)
+from . import aten  # noqa: F401  (fills the lowering table)
 from .lowering import TABLE, LoweringContext, Unsupported, fx_value, tensor_type
 
 

@@ -1,0 +1,217 @@
+"""Contractions and windows: matmul, sparse mm, convolution and its backward, average pooling, padding, attention."""
+from __future__ import annotations
+
+import torch
+
+from ..lowering import Unsupported, lowers
+from .common import _pair, _shape, aten
+from .layout import _expand, reshape
+
+# -- contractions ------------------------------------------------------------------------------
+@lowers(aten.mm.default, aten.bmm.default, aten.matmul.default)
+def _mm(ctx, a, b):
+    sparse = ctx.constant_tensor(a)
+    if sparse is not None and sparse.layout == torch.sparse_coo:
+        return _sparse_mm(ctx, sparse, ctx.value(b))
+    return ctx.add1("matmul", [ctx.value(a), ctx.value(b)])
+
+
+@lowers(aten.addmm.default)
+def _addmm(ctx, bias, a, b, beta=1, alpha=1):
+    out = ctx.add1("matmul", [ctx.value(a), ctx.value(b)])
+    if alpha != 1:
+        out = ctx.add1("mul", [out, ctx.scalar(alpha, out)])
+    if beta == 0:
+        return out
+    vbias = ctx.value(bias)
+    if beta != 1:
+        vbias = ctx.add1("mul", [vbias, ctx.scalar(beta, vbias)])
+    return ctx.add1("add", [out, vbias])
+
+
+def _sparse_mm(ctx, sparse: torch.Tensor, dense):
+    sparse = sparse.coalesce()
+    rows, cols = sparse.shape
+    indices = ctx.graph.add_constant("sparse_indices", sparse.indices())
+    values = ctx.graph.add_constant("sparse_values", sparse.values())
+    return ctx.add1("sparse_mm", [indices, values, dense], {"rows": rows, "cols": cols})
+
+
+@lowers(aten._sparse_addmm.default)
+def _sparse_addmm(ctx, bias, sparse, dense, beta=1, alpha=1):
+    data = ctx.constant_tensor(sparse)
+    if data is None or data.layout != torch.sparse_coo:
+        raise Unsupported("sparse matmul needs the sparse operand to be a constant COO tensor")
+    out = _sparse_mm(ctx, data, ctx.value(dense))
+    if alpha != 1:
+        out = ctx.add1("mul", [out, ctx.scalar(alpha, out)])
+    if beta == 0:
+        return out
+    return ctx.add1("add", [out, ctx.add1("mul", [ctx.value(bias), ctx.scalar(beta, out)])])
+
+
+@lowers(aten.convolution.default)
+def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    inputs = [ctx.value(x), ctx.value(weight)] + ([ctx.value(bias)] if bias is not None else [])
+    spatial = inputs[0].type.rank - 2
+
+    def per_dim(v):  # torch broadcasts one value to every spatial dim (padding="valid": [0])
+        return list(v) * spatial if len(v) == 1 else list(v)
+
+    return ctx.add1("conv", inputs, {"stride": per_dim(stride), "padding": per_dim(padding),
+                                     "dilation": per_dim(dilation), "groups": groups})
+
+
+@lowers(aten.hardtanh.default)
+def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
+    """ReLU6 (MobileNetV2) is hardtanh(0, 6)."""
+    return ctx.add1("clamp", [ctx.value(x)], {"min": min_val, "max": max_val})
+
+
+@lowers(aten.avg_pool2d.default)
+def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
+                count_include_pad=True, divisor_override=None):
+    """Average pooling over windows that tile the input (kernel = stride, no padding):
+    a mean over the split axes. Overlapping or padded windows run in eager."""
+    v = ctx.value(x)
+    kernel, stride = _pair(kernel), _pair(stride, _pair(kernel))
+    padding = _pair(padding if isinstance(padding, (list, tuple)) else [padding])
+    shape = _shape(v)
+    if not any(padding) and divisor_override is None and \
+            all(k >= size for k, size in zip(kernel, shape[-2:])):
+        # one window over the whole input (EfficientNet's pooler: kernel = channels, ceil
+        # mode); torch divides by the cells inside the input, so this is the mean
+        return ctx.add1("mean", [v], {"dims": [len(shape) - 2, len(shape) - 1],
+                                      "keepdim": True})
+    if stride != kernel or any(padding) or divisor_override is not None:
+        raise Unsupported("average pooling over overlapping or padded windows")
+    if any(size % k for size, k in zip(shape[-2:], kernel)):
+        raise Unsupported("average pooling windows that do not tile the input")
+    return _tile_mean(ctx, v, kernel)
+
+
+@lowers(aten._adaptive_avg_pool2d.default)
+def _adaptive_avg_pool2d(ctx, x, output_size):
+    """Adaptive average pooling where each output cell averages a tile of the input
+    (the input size a multiple of the output size), or repeats a 1x1 input."""
+    v = ctx.value(x)
+    shape, out = _shape(v), _pair(output_size)
+    if shape[-2:] == [1, 1]:
+        return _expand(ctx, x, shape[:-2] + out)
+    if any(size % o for size, o in zip(shape[-2:], out)):
+        raise Unsupported("adaptive average pooling with overlapping windows")
+    return _tile_mean(ctx, v, [size // o for size, o in zip(shape[-2:], out)])
+
+
+def _tile_mean(ctx, v, kernel):
+    """Mean over non-overlapping kh x kw tiles of the last two axes."""
+    *lead, h, w = _shape(v)
+    (kh, kw) = kernel
+    if (kh, kw) == (1, 1):
+        return v
+    split = reshape(ctx, v, lead + [h // kh, kh, w // kw, kw])
+    rank = len(lead) + 4
+    mean = ctx.add1("mean", [split], {"dims": [rank - 3, rank - 1], "keepdim": False})
+    return mean
+
+
+@lowers(aten.constant_pad_nd.default)
+def _constant_pad_nd(ctx, x, pad, value=0):
+    """Padding (pairs of before/after counts from the last dim backwards) as a cat with
+    constant blocks; negative counts crop."""
+    v = ctx.value(x)
+    for i in range(len(pad) // 2):
+        dim = v.type.rank - 1 - i
+        before, after = pad[2 * i], pad[2 * i + 1]
+        if before < 0 or after < 0:
+            size = v.type.shape[dim]
+            v = ctx.add1("slice", [v], {"dim": dim, "start": max(-before, 0),
+                                        "end": size - max(-after, 0), "step": 1})
+            before, after = max(before, 0), max(after, 0)
+        parts = []
+        for count, at_end in ((before, False), (after, True)):
+            if count:
+                shape = _shape(v)
+                shape[dim] = count
+                block = ctx.add1("full", [], {"shape": shape, "value": value,
+                                              "dtype": v.type.dtype})
+                parts.append((at_end, block))
+        if parts:
+            pieces = [b for end, b in parts if not end] + [v] + [b for end, b in parts if end]
+            v = ctx.add1("cat", pieces, {"dim": dim})
+    return v
+
+
+@lowers(aten.convolution_backward.default)
+def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
+                          output_padding, groups, output_mask):
+    if transposed:
+        raise Unsupported("transposed convolution")
+    mask = [int(bool(m)) for m in output_mask]
+    outs = iter(ctx.add("conv_backward", [ctx.value(grad), ctx.value(x), ctx.value(weight)],
+                        {"stride": list(stride), "padding": list(padding),
+                         "dilation": list(dilation), "groups": groups, "output_mask": mask}))
+    return [next(outs) if m else None for m in mask]
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
+                     scale=None):
+    """Attention in its math form; also the logsumexp of the scores, which the fused
+    backward reads (so a backward that falls back to eager still gets what it expects)."""
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
+    peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
+    shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
+    total = ctx.add1("sum", [shifted], {"dims": [3], "keepdim": True})
+    probs = ctx.add1("div", [shifted, total])
+    out = ctx.add1("matmul", [probs, v])
+    logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
+    return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+
+
+def _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale):
+    """scale * q @ k^T with the causal and explicit masks applied (masked = -inf)."""
+    if dropout_p != 0.0:
+        raise Unsupported("attention dropout")
+    if q.type.rank != 4 or q.type.shape[1] != k.type.shape[1]:
+        raise Unsupported("attention other than [batch, heads, seq, dim] with equal head counts")
+    length, source = q.type.shape[2], k.type.shape[2]
+    scale = scale if scale is not None else q.type.shape[-1] ** -0.5
+    kt = ctx.add1("permute", [k], {"dims": [0, 1, 3, 2]})
+    scores = ctx.add1("mul", [ctx.add1("matmul", [q, kt]), ctx.scalar(scale, q)])
+    if is_causal:
+        causal = torch.ones(length, source, dtype=torch.bool).tril(source - length)
+        keep = ctx.graph.add_constant("causal_mask", causal)
+        scores = ctx.add1("where", [keep, scores, ctx.scalar(float("-inf"), scores)])
+    if attn_mask is not None:
+        mask = ctx.value(attn_mask)
+        if mask.type.dtype == torch.bool:
+            scores = ctx.add1("where", [mask, scores, ctx.scalar(float("-inf"), scores)])
+        else:
+            scores = ctx.add1("add", [scores, mask])
+    return scale, scores
+
+
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _flash_attention_backward(ctx, grad_out, query, key, value, out, logsumexp, dropout_p,
+                              is_causal, *, attn_mask=None, scale=None):
+    """The attention backward in math form, recomputing probabilities from the logsumexp:
+    P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = s dS K;
+    dK = s dS^T Q."""
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    d_out, o, lse = ctx.value(grad_out), ctx.value(out), ctx.value(logsumexp)
+    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
+    lse = reshape(ctx, lse, _shape(lse) + [1])
+    probs = ctx.add1("exp", [ctx.add1("sub", [scores, lse])])
+    t = {"dims": [0, 1, 3, 2]}
+    grad_v = ctx.add1("matmul", [ctx.add1("permute", [probs], t), d_out])
+    d_probs = ctx.add1("matmul", [d_out, ctx.add1("permute", [v], t)])
+    row = ctx.add1("sum", [ctx.add1("mul", [d_out, o])], {"dims": [3], "keepdim": True})
+    d_scores = ctx.add1("mul", [probs, ctx.add1("sub", [d_probs, row])])
+    s = ctx.scalar(scale, q)
+    grad_q = ctx.add1("mul", [ctx.add1("matmul", [d_scores, k]), s])
+    grad_k = ctx.add1("mul", [ctx.add1("matmul", [ctx.add1("permute", [d_scores], t), q]), s])
+    return [grad_q, grad_k, grad_v]
