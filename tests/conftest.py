@@ -12,6 +12,9 @@ import torch
 # partition ILPs run to their work limits), so results are the same on a fast or a slow,
 # idle or loaded machine. Tests of the deadlines themselves pass explicit options.
 os.environ["OPWEAVE_DETERMINISTIC"] = "1"
+# The native runtime is built before the first call that replays (never raced by a
+# background build), so which path a test's calls take does not depend on timing.
+os.environ["OPWEAVE_NATIVE"] = "wait"
 # Measured choices go to a database of this test process, never the user's.
 os.environ["OPWEAVE_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="opweave-tests-"),
                                                "tuning.sqlite")

@@ -98,6 +98,8 @@ def _bench(args) -> int:
 
     from .bench import harness, report
 
+    if args.overhead:
+        return _overhead(args)
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
@@ -115,6 +117,17 @@ def _bench(args) -> int:
     if failures:
         print(f"opweave failed or differs from eager on: {', '.join(failures)}")
     return 1 if failures else 0
+
+
+def _overhead(args) -> int:
+    import torch
+
+    from .bench import cpu, overhead
+
+    torch.set_num_threads(args.threads)
+    print(cpu.line(cpu.describe(args.threads)))
+    print(overhead.table(overhead.measure()))
+    return 0
 
 
 def _fuzz(args) -> int:
@@ -202,10 +215,11 @@ def main(argv=None) -> int:
     _add_bench_parser(sub, models)
     _add_fuzz_parser(sub)
     from .onnx.cli import add_parsers
+    from .options import Options
     from .tune.cli import add_parsers as add_tune_parsers
 
     add_parsers(sub)
-    add_tune_parsers(sub)
+    add_tune_parsers(sub, Options.from_env().tuning_db)
     args = parser.parse_args(argv)
     try:
         if args.command in ("run", "conformance"):
@@ -256,6 +270,9 @@ def _add_bench_parser(sub, models) -> None:
     p.add_argument("--small", action="store_true", help="small model variants (quick check)")
     p.add_argument("--out", default="bench-results", help="directory for JSON, markdown, PNG")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overhead", action="store_true",
+                   help="only measure the runtime's cost per call and per step (Python "
+                        "steps, native plan, eager), no models")
     p.set_defaults(func=_bench)
 
 

@@ -21,6 +21,7 @@ class Explanation:
     bytes_moved: int = 0
     capture_error: str = ""
     rewrites: list = field(default_factory=list)  # RewriteReport per segment
+    runtime: list[str] = field(default_factory=list)  # how each segment's calls run
 
     @property
     def captured(self) -> bool:
@@ -54,6 +55,10 @@ class Explanation:
                     for op, n in cov.fallback.most_common()))
             else:
                 lines.append("  fallbacks: none")
+            for i, how in enumerate(self.runtime):
+                lines.append(f"  segment {i} runs as: {how}")
+            if cov.fallback:
+                lines.append("  eager ops between segments run from Python, one call each")
         lines.extend(str(r) for r in self.rewrites)
         if self.graph_breaks is None:
             lines.append("  graph breaks under torch.compile: not measured")
@@ -96,7 +101,28 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         cost = graph.cost()
         flops, moved = flops + cost.flops, moved + cost.bytes
     ir_ops = dict(sorted(ir_ops.items(), key=lambda kv: (-kv[1], kv[0])))
+    runtime = _runtime(compiled, example_inputs)
     breaks, reasons = _dynamo_breaks(model, example_inputs) if graph_breaks else (None, [])
     return Explanation(name, compiled.capture, compiled.coverage, ir_ops, breaks, reasons,
                        flops, moved, compiled.capture_error,
-                       compiled.program.rewrites if compiled.program else [])
+                       compiled.program.rewrites if compiled.program else [], runtime)
+
+
+def _runtime(compiled, example_inputs) -> list[str]:
+    """How each segment's calls run (native plan or Python steps, and why), after the
+    calls it takes to record and check the native plan."""
+    from .runtime import native
+
+    program = compiled.program
+    if program is None:
+        return []
+    graphs = program.compiled_graphs
+    if any(g.executor.native.mode != "off" for g in graphs):
+        native.module(wait=True)
+    try:
+        with torch.no_grad():
+            for _ in range(native.RECORD_AT_CALL + 1):
+                compiled(*example_inputs)
+    except Exception as err:  # noqa: BLE001  (explain reports; it does not fail)
+        return [f"not run ({type(err).__name__}: {err})" for _ in graphs]
+    return [g.executor.native.describe() for g in graphs]

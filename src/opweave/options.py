@@ -13,6 +13,9 @@ Environment variables:
   OPWEAVE_VERIFY         1 (default) | 0: skip verifying the IR after each pass
   OPWEAVE_TUNING_DB      a path (default: tuning.sqlite under opweave's cache directory) |
                          off: no database, choices measured and kept for the process only
+  OPWEAVE_NATIVE         background (default) | wait | off: the native execution plan
+                         (runtime/native.py): built in a thread at the first compile, built
+                         before the first call that needs it, or never used
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
                          and the generated C++ under OPWEAVE_DEBUG_DIR (default ./opweave_debug)
 """
@@ -26,6 +29,7 @@ from typing import Mapping
 from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
+NATIVE_MODES = ("background", "wait", "off")
 
 
 @dataclass(frozen=True)
@@ -45,9 +49,13 @@ class Options:
     # where measured choices are recorded and looked up: a path, "default" (the file
     # under opweave's cache directory) or None (measure, remember for the process only)
     tuning_db: str | None = "default"
+    # calls replayed by the native plan once recorded and checked (see runtime/native.py):
+    # "background" builds its module in a thread, "wait" before the first replay, or "off"
+    native: str = "background"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
+        _choice("native", self.native, NATIVE_MODES)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf
@@ -82,6 +90,7 @@ class Options:
                    deterministic=_flag(env, "OPWEAVE_DETERMINISTIC", False),
                    verify=_flag(env, "OPWEAVE_VERIFY", True),
                    tuning_db=_tuning_db(env.get("OPWEAVE_TUNING_DB", "")),
+                   native=env.get("OPWEAVE_NATIVE", "").strip().lower() or "background",
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 
@@ -108,4 +117,4 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"${name} must be 0 or 1; got {env[name]!r}")
 
 
-__all__ = ["Options", "RewriteOptions", "FUSION_MODES"]
+__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES"]

@@ -132,7 +132,7 @@ class PassRun:
 
         start, size = time.perf_counter(), len(graph.nodes)
         if self.options.fusion == "off":
-            executor = Executor(graph)
+            executor = Executor(graph, native=self.options.native)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     "fusion off: one step per op"), None)
             return executor
@@ -146,8 +146,8 @@ class PassRun:
                       FusionWarning)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     failed=reason), None)
-            return Executor(graph)
-        executor = Executor(graph, steps=lowered.steps)
+            return Executor(graph, native=self.options.native)
+        executor = Executor(graph, steps=lowered.steps, native=self.options.native)
         executor.lowered = lowered
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),

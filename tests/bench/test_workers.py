@@ -28,6 +28,8 @@ def test_inference_through_the_harness(tmp_path, monkeypatch):
     """Every kind of inference backend on one small model: opweave directly and through
     torch.compile, and the peers (OpenVINO only where it is installed: an optional extra)."""
     monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path))
+    # a private cache would make every worker build the native runtime (40 s each)
+    monkeypatch.setenv("OPWEAVE_NATIVE", "off")
     peers = ["onnxruntime"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
     config = harness.BenchConfig(models=["xmlcnn"], backends=["opweave", "opweave-dynamo", *peers],
                                  runs=3, warmup=1, threads=2, small=True)

@@ -118,14 +118,20 @@ def _with_fallback_notes(prepare: Callable[[], Prepared]) -> tuple[Prepared, lis
                       if issubclass(w.category, OpweaveFallbackWarning)]
 
 
-def _infer_opweave(bench, threads, rewrite=None, fusion=None):
+def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None):
+    from dataclasses import replace
+
     from ..frontends.torch_export import compile as opweave_compile
+    from ..options import Options
 
     compiled = []
+    options = Options.resolve()
+    if native is not None:
+        options = replace(options, native=native)
 
     def compile_(m):
         compiled.append(opweave_compile(m, bench.inputs, name=bench.name, rewrite=rewrite,
-                                        fusion=fusion))
+                                        fusion=fusion, options=options))
         return compiled[-1]
 
     prepared, notes = _with_fallback_notes(lambda: _infer_torch(bench, compile_))
@@ -168,6 +174,10 @@ def _infer_opweave_nofusion(bench, threads):
 
 def _infer_opweave_greedy(bench, threads):
     return _infer_opweave(bench, threads, fusion="greedy")
+
+
+def _infer_opweave_python(bench, threads):
+    return _infer_opweave(bench, threads, native="off")
 
 
 def _export_form(bench: BenchmarkModel) -> tuple[torch.nn.Module, str]:
@@ -448,6 +458,9 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
                          TRAIN: _inference_only("the fusion comparison")},
     "opweave-greedy": {INFER: _infer_opweave_greedy,
                        TRAIN: _inference_only("the fusion comparison")},
+    # the native plan's contribution: every call through the Python steps
+    "opweave-python": {INFER: _infer_opweave_python,
+                       TRAIN: _inference_only("the native-plan comparison")},
 }
 BACKENDS = tuple(PREPARE)
 
@@ -457,4 +470,16 @@ def prepare(backend: str, bench: BenchmarkModel, mode: str, threads: int) -> Pre
         by_mode = PREPARE[backend]
     except KeyError:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}") from None
+    if backend.startswith("opweave"):
+        _native_ready()
     return by_mode[mode](bench, threads)
+
+
+def _native_ready() -> None:
+    """Build the native runtime before anything is timed (by default it builds in the
+    background, and calls run from Python until it is ready)."""
+    from ..options import Options
+    from ..runtime import native
+
+    if Options.from_env().native != "off":
+        native.module(wait=True)

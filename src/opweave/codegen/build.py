@@ -185,7 +185,7 @@ def _build_dir(directory: Path) -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix=prefix, dir=directory)
 
 
-def _compile(source: str, target: Path) -> None:
+def _compile(source: str, target: Path, flags=FLAGS, libraries=()) -> None:
     """Build `source` into `target` and record its hash beside it. The work happens in a
     build directory inside the cache (same file system, so the object is renamed into
     place, never copied); the object goes in first, its hash second, so a crash between
@@ -193,19 +193,35 @@ def _compile(source: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_builds(target.parent)
     with _build_dir(target.parent) as tmp:
-        src, out = Path(tmp) / "kernels.cpp", Path(tmp) / "kernels.so"
+        src, out = Path(tmp) / "source.cpp", Path(tmp) / "object.so"
         src.write_text(source)
-        proc = subprocess.run([COMPILER, *FLAGS, str(src), "-o", str(out)],
+        proc = subprocess.run([COMPILER, *flags, str(src), "-o", str(out), *libraries],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             raise BuildError(f"{COMPILER} failed on generated code:\n{proc.stderr[-4000:]}")
-        digest = Path(tmp) / "kernels.so.sha256"
+        digest = Path(tmp) / "object.so.sha256"
         digest.write_text(_digest(out) + "\n")
         with _locked(target.parent):
             if target.exists() and _problem(target) is None:
                 return  # another process installed a valid entry meanwhile: keep it
             os.replace(out, target)
             os.replace(digest, _sidecar(target))
+
+
+def trusted_object(source: str, target: Path, flags, libraries=()) -> Path:
+    """`target`, built from `source` unless an intact entry is there already (a damaged
+    one is moved aside and rebuilt). For objects other than kernels (the native runtime);
+    the caller checks the identity of what it loads, as `load` does."""
+    if not _trusted(target):
+        _compile(source, target, flags, libraries)
+    return target
+
+
+def move_aside(path: Path, problem: str) -> None:
+    """Move a cache entry that loaded but is not what it should be out of the way."""
+    with _locked(path.parent):
+        if path.exists():
+            _move_aside(path, problem)
 
 
 def _load_checked(path: Path, key: str) -> ctypes.CDLL | None:
@@ -239,9 +255,7 @@ def load(body: str) -> ctypes.CDLL:
         _compile(full_source(body, key), path)
     lib = _load_checked(path, key)
     if lib is None:  # intact bytes, wrong identity: only a planted (object, hash) pair
-        with _locked(path.parent):
-            if path.exists():
-                _move_aside(path, "identifies itself with another key")
+        move_aside(path, "identifies itself with another key")
         _compile(full_source(body, key), path)
         lib = _load_copy(path, key)
     if lib is None:

@@ -221,8 +221,13 @@ class CppKernel:
     layout-free kernel given inputs that share one dense layout (channels-last
     activations) runs in that layout and writes its outputs in it, copying nothing."""
 
+    # runtime.native sets this while it records a call: told each kernel's address and
+    # pointer arguments, so the native plan can call the kernel itself
+    recording: Callable | None = None
+
     def __init__(self, fn, src: KernelSource):
         self.fn = fn
+        self.address = ctypes.cast(fn, ctypes.c_void_p).value
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
         self.layout_free = src.layout_free
@@ -234,6 +239,8 @@ class CppKernel:
         else:
             outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
             ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        if CppKernel.recording is not None:
+            CppKernel.recording(self.address, [*outs, *ins])
         self.fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
         return outs
 

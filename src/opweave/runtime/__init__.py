@@ -1,4 +1,4 @@
-"""Running IR graphs: the reference executor and its memory plan."""
+"""Running IR graphs: the executor, its memory plan and the native plan (native.py)."""
 from .executor import Executor, InputError
 from .memory_plan import MemoryPlan, plan_memory
 

@@ -9,6 +9,9 @@ into planned buffers it costs more peak memory than it saves (see docs/architect
 `Executor(graph, steps=...)` runs lowered steps instead (codegen.lower: library calls,
 generated kernels, single ops), each over several values; the interface stays
 `Executor(graph)(*tensors) -> list[Tensor]`.
+With `native="background"` or `"wait"`, a call is replayed by the native plan once it has
+been recorded and checked (runtime/native.py); a call it does not fit (other strides, grad)
+runs the steps here.
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ import torch
 
 from ..ir import Graph, TensorType, verify
 from .memory_plan import MemoryPlan, plan_memory
+from .native import NativeState
 
 
 class InputError(ValueError):
@@ -26,8 +30,9 @@ class InputError(ValueError):
 
 class Executor:
     def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
-                 steps=None):
+                 steps=None, native: str = "off"):
         verify(graph)
+        self.native = NativeState(native, graph.name)
         self.graph = graph
         self.plan: MemoryPlan = plan_memory(graph)
         self.use_arena = use_arena
@@ -105,8 +110,19 @@ class Executor:
                                  f"{list(t.shape)} and dtype {t.dtype}, expected {want}")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
+        native, plan = self.native, self.native.plan
+        if plan is not None:
+            outputs = plan.run(inputs)
+            if outputs is not None:
+                return outputs
         if self.check_inputs:
             self._check(inputs)
+        if native.pending:
+            return native.call(self._run, inputs)
+        return self._run(inputs)
+
+    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The steps, from Python."""
         if self._arena is None and self.plan.offsets and self.use_arena:
             self._allocate_arena()
         env = list(self._base)

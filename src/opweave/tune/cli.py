@@ -7,7 +7,8 @@ from . import DEFAULT, TuningDBError, open_db
 from .target import describe, target_id
 
 
-def add_parsers(sub) -> None:
+def add_parsers(sub, default_path: str | None) -> None:
+    """`default_path`: the database of the user's options (the top-level CLI reads them)."""
     p = sub.add_parser("tune", help="the tuning database: show, stats, export, import")
     p.add_argument("--db", default=None,
                    help="database path (default: $OPWEAVE_TUNING_DB or the cache directory's)")
@@ -19,15 +20,11 @@ def add_parsers(sub) -> None:
     export.add_argument("file")
     imported = actions.add_parser("import", help="add the records of an export")
     imported.add_argument("file")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, default_db=default_path)
 
 
 def _path(args) -> str:
-    from ..options import Options
-
-    if args.db:
-        return args.db
-    return Options.from_env().tuning_db or DEFAULT
+    return args.db or args.default_db or DEFAULT
 
 
 def run(args) -> int:

@@ -1,0 +1,365 @@
+"""The native execution plan: a compiled graph's call replayed in C++, with no Python step
+per operator.
+
+An `Executor` runs its steps in Python for its first calls. At the second call it records
+what those steps did (`Recorder`): every operator they reached in PyTorch's dispatcher,
+with its arguments, and every generated kernel, with the tensors it was handed. The record
+becomes a `Plan` of the C++ module `native_plan.cpp`: boxed operator calls and raw kernel
+calls over numbered slots, each slot dropped after its last use. At the third call the
+plan runs beside the Python steps, and only if both give the same outputs does it take
+over; from then on a call is one C++ call, which first checks that the inputs have the
+recorded sizes, strides, dtypes and device (every decision the Python steps made depends
+on nothing else) and otherwise hands the call back to the Python steps.
+
+What cannot be replayed keeps the Python steps, with the reason kept in
+`NativeState.reason` (and shown by `explain`): a step that reads a tensor's value into
+Python (`.item()`, a comparison deciding a branch), an operator without a boxed kernel, or
+a record whose replay disagrees with Python.
+
+The module is built once per machine and torch version (about 40 s; cached like the
+kernels, its content hash checked before it is loaded). `Options.native`: "background"
+builds it in a thread at the first compile, and calls run in Python until it is ready;
+"wait" builds it before the first call that would record; "off" never uses it.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+import sysconfig
+import threading
+import warnings
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from ..codegen import build
+from ..codegen.lower import CppKernel
+from ..files import cache_root
+
+SOURCE = Path(__file__).with_name("native_plan.cpp")
+MODULE_NAME = "opweave_native"
+NATIVE_FORMAT = 1
+RECORD_AT_CALL = 2  # the first call may still measure (GEMM forms) or allocate lazily
+MODES = ("background", "wait", "off")
+
+
+class NativeWarning(UserWarning):
+    """The native runtime could not be built or disagreed with the Python steps; calls
+    run the Python steps (same results, more overhead per operator)."""
+
+
+class NotReplayable(Exception):
+    """A recorded call did something a fixed replay cannot reproduce."""
+
+
+# -- the module ----------------------------------------------------------------------------
+
+_module = None
+_problem: str | None = None
+_thread: threading.Thread | None = None
+_lock = threading.Lock()
+_recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
+
+
+def _flags() -> list[str]:
+    from torch.utils import cpp_extension
+
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    abi = int(torch.compiled_with_cxx11_abi())
+    return ["-O2", "-std=c++20", "-fPIC", "-shared", f"-DTORCH_EXTENSION_NAME={MODULE_NAME}",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
+
+
+def _libraries() -> list[str]:
+    from torch.utils import cpp_extension
+
+    (lib,) = cpp_extension.library_paths()
+    return [f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
+
+
+def _build_and_import():
+    python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not python_h.exists():
+        raise build.BuildError(f"Python's C headers are not installed ({python_h} is missing)")
+    source = SOURCE.read_text()
+    flags = _flags()
+    parts = [source, build.compiler_version(), " ".join(flags), torch.__version__,
+             sys.version, str(NATIVE_FORMAT)]
+    key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+    flags.append(f'-DOPWEAVE_NATIVE_KEY="{key}"')
+    path = cache_root() / f"native-v{NATIVE_FORMAT}" / f"{MODULE_NAME}-{key}.so"
+    build.trusted_object(source, path, flags, _libraries())
+    spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if module.key() != key:
+        build.move_aside(path, "identifies itself with another key")
+        raise build.BuildError(f"{path} is not the native runtime it should be")
+    return module
+
+
+def _build() -> None:
+    global _module, _problem
+    try:
+        module = _build_and_import()
+    except (build.BuildError, OSError, ImportError) as err:
+        _problem = str(err)
+        warnings.warn(f"opweave: the native runtime is unavailable, so compiled graphs run "
+                      f"their steps from Python (same results, more overhead per operator): "
+                      f"{err}", NativeWarning, stacklevel=2)
+        return
+    _module = module
+
+
+def module(wait: bool):
+    """The native module, or None while it builds (`wait=False`) or when it cannot be
+    built (the reason is in `unavailable()`). The build runs once per process."""
+    global _thread
+    with _lock:
+        if _module is None and _problem is None and _thread is None:
+            _thread = threading.Thread(target=_build, name="opweave-native-build", daemon=True)
+            _thread.start()
+        thread = _thread
+    if wait and thread is not None:
+        thread.join()
+    return _module
+
+
+def unavailable() -> str | None:
+    return _problem
+
+
+# -- recording -----------------------------------------------------------------------------
+
+class Recorder(TorchDispatchMode):
+    """Records the operators and kernels one call runs, over numbered slots: the inputs
+    first, then every tensor an operator returns. A tensor that no recorded operator made
+    (a weight, a packed weight, a preallocated buffer) is a constant of the plan."""
+
+    def __init__(self, inputs: Sequence[torch.Tensor]):
+        super().__init__()
+        self.slot: dict[int, int] = {}
+        self.tensors: list[torch.Tensor] = []  # held, so no id() is reused while recording
+        self.instructions: list[tuple] = []
+        self.constants: dict[int, torch.Tensor] = {}
+        self.thread = threading.get_ident()
+        for t in inputs:
+            self._new(t)
+        self.num_inputs = len(self.tensors)
+
+    def _new(self, t: torch.Tensor) -> int:
+        self.slot[id(t)] = len(self.tensors)
+        self.tensors.append(t)
+        return self.slot[id(t)]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        result = func(*args, **kwargs)
+        if func is torch.ops.aten._local_scalar_dense.default:
+            raise NotReplayable(f"a step reads a tensor's value into Python ({func})")
+        used = {self.slot[id(t)]: t for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and id(t) in self.slot}
+        outputs = [-1 if r is None else self.slot[id(r)] if id(r) in self.slot else self._new(r)
+                   for r in _returned_tensors(func, result)]
+        self.instructions.append(("op", func, args, kwargs, used, outputs))
+        return result
+
+    def kernel(self, address: int, tensors: Sequence[torch.Tensor]) -> None:
+        """A generated kernel's call (CppKernel reports it): pointer arguments in order."""
+        if threading.get_ident() != self.thread:
+            return
+        slots = []
+        for t in tensors:
+            if id(t) not in self.slot:
+                self.constants[self._new(t)] = t
+            slots.append(self.slot[id(t)])
+        self.instructions.append(("kernel", address, slots))
+
+
+def _returned_tensors(func, result) -> list:
+    """The tensors an operator returned, flattened as the C++ side flattens its stack."""
+    items = result if isinstance(result, (tuple, list)) and not _returns_one_list(func) \
+        else [result]
+    flat = []
+    for item in items:
+        if item is None or isinstance(item, torch.Tensor):
+            flat.append(item)
+        elif isinstance(item, (list, tuple)) and all(isinstance(t, torch.Tensor) for t in item):
+            flat.extend(item)
+        else:
+            raise NotReplayable(f"{func} returns a {type(item).__name__} that Python may "
+                                f"decide on")
+    return flat
+
+
+def _returns_one_list(func) -> bool:
+    returns = func._schema.returns
+    return len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
+
+
+def _plan(recorder: Recorder, outputs: Sequence[torch.Tensor]):
+    """The C++ plan of a record, with every slot dropped after its last use."""
+    native = _module
+    inputs = recorder.tensors[:recorder.num_inputs]
+    plan = native.Plan(list(inputs), len(recorder.tensors))
+    for slot, tensor in recorder.constants.items():
+        plan.add_constant(slot, tensor)
+    last: dict[int, int] = {}
+    for i, ins in enumerate(recorder.instructions):
+        if ins[0] == "op":
+            _, func, args, kwargs, used, outs = ins
+            schema = func._schema
+            try:
+                plan.add_op(schema.name, schema.overload_name, tuple(args), dict(kwargs),
+                            used, outs)
+            except RuntimeError as err:
+                raise NotReplayable(f"{func} cannot be called from C++: {err}") from None
+            touched = [*used, *outs]
+        else:
+            _, address, slots = ins
+            plan.add_kernel(address, slots)
+            touched = slots
+        for s in touched:
+            if s >= 0:
+                last[s] = i
+    output_slots = []
+    for t in outputs:
+        if id(t) not in recorder.slot:
+            raise NotReplayable("an output was not made by a recorded operator")
+        output_slots.append(recorder.slot[id(t)])
+    plan.set_outputs(output_slots)
+    frees: dict[int, list[int]] = {}
+    keep = set(output_slots) | set(recorder.constants)
+    for s, i in last.items():
+        if s not in keep:
+            frees.setdefault(i, []).append(s)
+    for i, slots in frees.items():
+        plan.set_frees(i, slots)
+    return plan
+
+
+# -- one executor's state ------------------------------------------------------------------
+
+class NativeState:
+    """Where one executor stands: counting calls, recorded (to be checked), active (`plan`
+    set) or off (`reason` set)."""
+
+    def __init__(self, mode: str, graph_name: str):
+        if mode not in MODES:
+            raise ValueError(f"native mode must be one of {MODES}, got {mode!r}")
+        self.mode = mode
+        self.graph_name = graph_name
+        self.plan = None
+        self.reason: str | None = "disabled (native='off')" if mode == "off" else None
+        self._candidate = None
+        self._calls = 0
+        self.counts = (0, 0)  # (operators, kernels) of the recorded call
+        self._lock = threading.Lock()  # one thread at a time counts, records or checks
+        if mode == "background":
+            module(wait=False)
+
+    @property
+    def pending(self) -> bool:
+        return self.plan is None and self.reason is None
+
+    def describe(self) -> str:
+        if self.plan is not None:
+            ops, kernels = self.counts
+            return f"native plan ({ops} operator calls, {kernels} generated kernels)"
+        if self.reason is not None:
+            return f"Python steps: {self.reason}"
+        return "Python steps (the native plan is recorded at a later call)"
+
+    def call(self, run, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """One call through the Python steps `run`, recording or checking on the way
+        (a call that meets another thread doing so just runs the Python steps)."""
+        if not self._lock.acquire(blocking=False):
+            return run(inputs)
+        try:
+            return self._step(run, inputs)
+        finally:
+            self._lock.release()
+
+    def _step(self, run, inputs):
+        if not self.pending:
+            return run(inputs)
+        self._calls += 1
+        if self._calls < RECORD_AT_CALL or not _replayable_now(inputs):
+            return run(inputs)
+        if module(wait=self.mode == "wait") is None:
+            if unavailable() is not None:
+                self.reason = f"the native runtime is unavailable ({unavailable()})"
+            return run(inputs)
+        if self._candidate is None:
+            return self._record(run, inputs)
+        return self._check(run, inputs)
+
+    def _record(self, run, inputs):
+        if not _recording.acquire(blocking=False):  # another thread records: later
+            return run(inputs)
+        recorder = Recorder(inputs)
+        CppKernel.recording = recorder.kernel
+        try:
+            with recorder:
+                outputs = run(inputs)
+        except NotReplayable as err:
+            self.reason = str(err)
+            return run(inputs)
+        finally:
+            CppKernel.recording = None
+            _recording.release()
+        try:
+            self._candidate = _plan(recorder, outputs)
+        except NotReplayable as err:
+            self.reason = str(err)
+        kernels = sum(ins[0] == "kernel" for ins in recorder.instructions)
+        self.counts = (len(recorder.instructions) - kernels, kernels)
+        return outputs
+
+    def _check(self, run, inputs):
+        expected = run(inputs)
+        try:
+            got = self._candidate.run(list(inputs))
+        except RuntimeError as err:
+            self._refuse(f"its replay failed: {err}")
+            return expected
+        if got is None:  # other strides than recorded: record again on a later call
+            self._candidate = None
+            return expected
+        mismatch = _first_mismatch(expected, got)
+        if mismatch is not None:
+            self._refuse(f"its replay disagrees with the Python steps ({mismatch})")
+        else:
+            self.plan = self._candidate
+        self._candidate = None
+        return expected
+
+    def _refuse(self, reason: str) -> None:
+        self.reason = reason
+        self._candidate = None
+        warnings.warn(f"opweave: graph @{self.graph_name} runs its steps from Python: the "
+                      f"native plan {reason}", NativeWarning, stacklevel=4)
+
+
+def _replayable_now(inputs) -> bool:
+    """Whether a call may be recorded: under autograd the Python steps would be recorded
+    below it, so a call with inputs that require grad is left to Python."""
+    return not (torch.is_grad_enabled()
+                and any(isinstance(t, torch.Tensor) and t.requires_grad for t in inputs))
+
+
+def _first_mismatch(expected, got) -> str | None:
+    if len(expected) != len(got):
+        return f"{len(got)} outputs, expected {len(expected)}"
+    for i, (a, b) in enumerate(zip(expected, got)):
+        if a.shape != b.shape or a.dtype != b.dtype or a.stride() != b.stride():
+            return f"output {i} is {tuple(b.shape)} {b.dtype} {b.stride()}, expected " \
+                   f"{tuple(a.shape)} {a.dtype} {a.stride()}"
+        if not torch.equal(a, b) and not (a.is_floating_point() and torch.allclose(
+                a, b, rtol=1e-6, atol=1e-6, equal_nan=True)):
+            return f"output {i} differs"
+    return None
