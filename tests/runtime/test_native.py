@@ -142,12 +142,17 @@ def test_concurrent_calls_get_their_own_results():
             assert torch.equal(a, b)
 
 
-def test_an_unavailable_module_leaves_the_python_steps_with_the_reason(monkeypatch):
+@pytest.fixture
+def fresh_module_state(monkeypatch):
+    """This process's module state, as if nothing were loaded yet (restored after)."""
     monkeypatch.setattr(native, "_module", None)
-    monkeypatch.setattr(native, "_thread", None)
     monkeypatch.setattr(native, "_problem", None)
+    monkeypatch.setattr(native, "_spawned", False)
 
-    def fail():
+
+def test_an_unavailable_module_leaves_the_python_steps_with_the_reason(monkeypatch,
+                                                                      fresh_module_state):
+    def fail(*args):
         raise native.build.BuildError("no working C++ compiler (g++): not found")
 
     monkeypatch.setattr(native, "_build_and_import", fail)
@@ -159,6 +164,22 @@ def test_an_unavailable_module_leaves_the_python_steps_with_the_reason(monkeypat
         out = _warm(ex, lambda: [torch.ones(4)])
     assert torch.equal(out[0], -torch.ones(4))
     assert "no working C++ compiler" in ex.native.reason
+
+
+def test_background_mode_builds_in_another_process_and_never_waits(monkeypatch, tmp_path,
+                                                                  fresh_module_state):
+    path = tmp_path / "opweave_native-k.so"
+    monkeypatch.setattr(native, "_locate", lambda: (path, "k", []))
+    spawned = []
+    monkeypatch.setattr(native.subprocess, "Popen", lambda *a, **k: spawned.append(a))
+    assert native.module(wait=False) is None
+    assert native.module(wait=False) is None
+    assert len(spawned) == 1 and spawned[0][0][1:] == ["-m", "opweave.runtime.native"]
+    # the builder failed: its note is the reason, said once
+    native._failure_note(path).write_text("g++ failed on generated code\n")
+    with pytest.warns(native.NativeWarning, match="g\\+\\+ failed"):
+        assert native.module(wait=False) is None
+    assert native.unavailable() == "g++ failed on generated code"
 
 
 def test_the_off_mode_never_records():

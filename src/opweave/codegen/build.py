@@ -217,6 +217,12 @@ def trusted_object(source: str, target: Path, flags, libraries=()) -> Path:
     return target
 
 
+def installed(path: Path) -> bool:
+    """Whether an entry and its content hash are both in place (a builder installs the
+    object first and its hash second); `trusted_object` still checks the bytes."""
+    return path.exists() and _sidecar(path).exists()
+
+
 def move_aside(path: Path, problem: str) -> None:
     """Move a cache entry that loaded but is not what it should be out of the way."""
     with _locked(path.parent):

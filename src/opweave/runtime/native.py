@@ -18,13 +18,14 @@ a record whose replay disagrees with Python.
 
 The module is built once per machine and torch version (about 40 s; cached like the
 kernels, its content hash checked before it is loaded). `Options.native`: "background"
-builds it in a thread at the first compile, and calls run in Python until it is ready;
-"wait" builds it before the first call that would record; "off" never uses it.
+builds it in a process of its own at the first compile, and calls run in Python until it
+is ready; "wait" builds it before the first call that would record; "off" never uses it.
 """
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import subprocess
 import sys
 import sysconfig
 import threading
@@ -60,7 +61,7 @@ class NotReplayable(Exception):
 
 _module = None
 _problem: str | None = None
-_thread: threading.Thread | None = None
+_spawned = False
 _lock = threading.Lock()
 _recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
 
@@ -81,52 +82,77 @@ def _libraries() -> list[str]:
     return [f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
 
 
-def _build_and_import():
+def _locate() -> tuple[Path, str, list[str]]:
+    """(the module's path in the cache, its key, the compiler flags that build it). The
+    key covers the source, compiler, flags, torch and Python, so nothing built for another
+    of them is ever loaded."""
     python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not python_h.exists():
         raise build.BuildError(f"Python's C headers are not installed ({python_h} is missing)")
-    source = SOURCE.read_text()
     flags = _flags()
-    parts = [source, build.compiler_version(), " ".join(flags), torch.__version__,
+    parts = [SOURCE.read_text(), build.compiler_version(), " ".join(flags), torch.__version__,
              sys.version, str(NATIVE_FORMAT)]
     key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
     flags.append(f'-DOPWEAVE_NATIVE_KEY="{key}"')
-    path = cache_root() / f"native-v{NATIVE_FORMAT}" / f"{MODULE_NAME}-{key}.so"
-    build.trusted_object(source, path, flags, _libraries())
+    return cache_root() / f"native-v{NATIVE_FORMAT}" / f"{MODULE_NAME}-{key}.so", key, flags
+
+
+def _build_and_import(path: Path, key: str, flags: list[str]):
+    """The module at `path`: built unless an intact one is there (its content hash is
+    checked before it is loaded), then asked for the key it was built with."""
+    build.trusted_object(SOURCE.read_text(), path, flags, _libraries())
     spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    if module.key() != key:
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    if native.key() != key:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the native runtime it should be")
-    return module
+    _failure_note(path).unlink(missing_ok=True)
+    return native
 
 
-def _build() -> None:
-    global _module, _problem
-    try:
-        module = _build_and_import()
-    except (build.BuildError, OSError, ImportError) as err:
-        _problem = str(err)
-        warnings.warn(f"opweave: the native runtime is unavailable, so compiled graphs run "
-                      f"their steps from Python (same results, more overhead per operator): "
-                      f"{err}", NativeWarning, stacklevel=2)
+def _failure_note(path: Path) -> Path:
+    return path.with_suffix(".failed")
+
+
+def _spawn_builder() -> None:
+    """Build the module in a process of its own, which outlives this one: a short-lived
+    program still leaves the module built for the next. Once per process."""
+    global _spawned
+    if _spawned:
         return
-    _module = module
+    _spawned = True
+    subprocess.Popen([sys.executable, "-m", __name__], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL)
+
+
+def _load(wait: bool):
+    path, key, flags = _locate()
+    if not wait and not build.installed(path):
+        note = _failure_note(path)
+        if note.exists():
+            raise build.BuildError(note.read_text().strip())
+        _spawn_builder()
+        return None
+    return _build_and_import(path, key, flags)
 
 
 def module(wait: bool):
-    """The native module, or None while it builds (`wait=False`) or when it cannot be
-    built (the reason is in `unavailable()`). The build runs once per process."""
-    global _thread
+    """The native module; None while it is being built (`wait=False`: by a process of its
+    own, so no call waits) or when it cannot be (the reason is in `unavailable()`, and one
+    NativeWarning said it). `wait=True` builds it here if need be."""
+    global _module, _problem
     with _lock:
-        if _module is None and _problem is None and _thread is None:
-            _thread = threading.Thread(target=_build, name="opweave-native-build", daemon=True)
-            _thread.start()
-        thread = _thread
-    if wait and thread is not None:
-        thread.join()
-    return _module
+        if _module is None and _problem is None:
+            try:
+                _module = _load(wait)
+            except (build.BuildError, OSError, ImportError) as err:
+                _problem = str(err)
+                warnings.warn(f"opweave: the native runtime is unavailable, so compiled graphs "
+                              f"run their steps from Python (same results, more overhead per "
+                              f"operator): {err}", NativeWarning, stacklevel=2)
+        return _module
 
 
 def unavailable() -> str | None:
@@ -363,3 +389,13 @@ def _first_mismatch(expected, got) -> str | None:
                 a, b, rtol=1e-6, atol=1e-6, equal_nan=True)):
             return f"output {i} differs"
     return None
+
+
+if __name__ == "__main__":  # the builder `_spawn_builder` starts
+    _path, _key, _flags_ = _locate()
+    try:
+        _build_and_import(_path, _key, _flags_)
+    except (build.BuildError, OSError, ImportError) as _err:
+        from ..files import atomic_write
+
+        atomic_write(_failure_note(_path), lambda tmp: tmp.write_text(f"{_err}\n"))
