@@ -169,7 +169,7 @@ def test_an_unavailable_module_leaves_the_python_steps_with_the_reason(monkeypat
 def test_background_mode_builds_in_another_process_and_never_waits(monkeypatch, tmp_path,
                                                                   fresh_module_state):
     path = tmp_path / "opweave_native-k.so"
-    monkeypatch.setattr(native, "_locate", lambda: (path, "k", []))
+    monkeypatch.setattr(native, "_locate", lambda: (path, "k", [], ""))
     spawned = []
     monkeypatch.setattr(native.subprocess, "Popen", lambda *a, **k: spawned.append(a))
     assert native.module(wait=False) is None

@@ -30,6 +30,7 @@ import sys
 import sysconfig
 import threading
 import warnings
+import weakref
 from pathlib import Path
 from typing import Sequence
 
@@ -82,25 +83,27 @@ def _libraries() -> list[str]:
     return [f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
 
 
-def _locate() -> tuple[Path, str, list[str]]:
-    """(the module's path in the cache, its key, the compiler flags that build it). The
-    key covers the source, compiler, flags, torch and Python, so nothing built for another
-    of them is ever loaded."""
+def _locate() -> tuple[Path, str, list[str], str]:
+    """(the module's path in the cache, its key, the compiler flags that build it, the
+    source). The key covers the source, compiler, flags, torch and Python, so nothing
+    built for another of them is ever loaded; the source is read once, so the key always
+    names the text that is compiled."""
     python_h = Path(sysconfig.get_paths()["include"]) / "Python.h"
     if not python_h.exists():
         raise build.BuildError(f"Python's C headers are not installed ({python_h} is missing)")
-    flags = _flags()
-    parts = [SOURCE.read_text(), build.compiler_version(), " ".join(flags), torch.__version__,
+    flags, source = _flags(), SOURCE.read_text()
+    parts = [source, build.compiler_version(), " ".join(flags), torch.__version__,
              sys.version, str(NATIVE_FORMAT)]
     key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
     flags.append(f'-DOPWEAVE_NATIVE_KEY="{key}"')
-    return cache_root() / f"native-v{NATIVE_FORMAT}" / f"{MODULE_NAME}-{key}.so", key, flags
+    path = cache_root() / f"native-v{NATIVE_FORMAT}" / f"{MODULE_NAME}-{key}.so"
+    return path, key, flags, source
 
 
-def _build_and_import(path: Path, key: str, flags: list[str]):
-    """The module at `path`: built unless an intact one is there (its content hash is
-    checked before it is loaded), then asked for the key it was built with."""
-    build.trusted_object(SOURCE.read_text(), path, flags, _libraries())
+def _build_and_import(path: Path, key: str, flags: list[str], source: str):
+    """The module at `path`: built from `source` unless an intact one is there (its
+    content hash is checked before it is loaded), then asked for the key it was built with."""
+    build.trusted_object(source, path, flags, _libraries())
     spec = importlib.util.spec_from_file_location(MODULE_NAME, path)
     native = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(native)
@@ -128,14 +131,14 @@ def _spawn_builder() -> None:
 
 
 def _load(wait: bool):
-    path, key, flags = _locate()
+    path, key, flags, source = _locate()
     if not wait and not build.installed(path):
         note = _failure_note(path)
         if note.exists():
             raise build.BuildError(note.read_text().strip())
         _spawn_builder()
         return None
-    return _build_and_import(path, key, flags)
+    return _build_and_import(path, key, flags, source)
 
 
 def module(wait: bool):
@@ -162,37 +165,62 @@ def unavailable() -> str | None:
 # -- recording -----------------------------------------------------------------------------
 
 class Recorder(TorchDispatchMode):
-    """Records the operators and kernels one call runs, over numbered slots: the inputs
-    first, then every tensor an operator returns. A tensor that no recorded operator made
-    (a weight, a packed weight, a preallocated buffer) is a constant of the plan."""
+    """Records the operators and kernels one call runs into a C++ plan, as they run, over
+    numbered slots: the inputs first, then every tensor an operator returns. A tensor no
+    recorded operator made (a weight, a packed weight, a preallocated buffer) is a
+    constant of the plan. Nothing recorded is held beyond its life in the call, so
+    recording costs no more memory than the call itself."""
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
         super().__init__()
-        self.slot: dict[int, int] = {}
-        self.tensors: list[torch.Tensor] = []  # held, so no id() is reused while recording
-        self.instructions: list[tuple] = []
+        self.plan = _module.Plan(list(inputs), 0)
+        self.slot: dict[int, int] = {}  # id(tensor) -> slot, while the tensor lives
+        self._refs: list[weakref.ref] = []
+        self.slots = 0
+        self.touched: list[list[int]] = []  # the slots each instruction reads or writes
         self.constants: dict[int, torch.Tensor] = {}
+        self.kernels = 0
+        self.failure: str | None = None
         self.thread = threading.get_ident()
         for t in inputs:
             self._new(t)
-        self.num_inputs = len(self.tensors)
 
     def _new(self, t: torch.Tensor) -> int:
-        self.slot[id(t)] = len(self.tensors)
-        self.tensors.append(t)
-        return self.slot[id(t)]
+        slot, key = self.slots, id(t)
+        self.slots += 1
+        self.slot[key] = slot
+        # once it dies its id may be reused: forget it then (held here, not globally)
+        self._refs.append(weakref.ref(t, lambda _, key=key, slot=slot: self._forget(key, slot)))
+        return slot
+
+    def _forget(self, key: int, slot: int) -> None:
+        if self.slot.get(key) == slot:
+            del self.slot[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
+        try:
+            self._op(func, args, kwargs, result)
+        except NotReplayable as err:
+            self.failure = self.failure or str(err)  # kept even if a step swallows it
+            raise
+        return result
+
+    def _op(self, func, args, kwargs, result) -> None:
         if func is torch.ops.aten._local_scalar_dense.default:
             raise NotReplayable(f"a step reads a tensor's value into Python ({func})")
         used = {self.slot[id(t)]: t for t in tree_leaves((args, kwargs))
                 if isinstance(t, torch.Tensor) and id(t) in self.slot}
         outputs = [-1 if r is None else self.slot[id(r)] if id(r) in self.slot else self._new(r)
                    for r in _returned_tensors(func, result)]
-        self.instructions.append(("op", func, args, kwargs, used, outputs))
-        return result
+        schema = func._schema
+        try:
+            self.plan.add_op(schema.name, schema.overload_name, tuple(args), dict(kwargs),
+                             used, outputs)
+        except RuntimeError as err:
+            raise NotReplayable(f"{func} cannot be called from C++: {err}") from None
+        self.touched.append([*used, *outputs])
 
     def kernel(self, address: int, tensors: Sequence[torch.Tensor]) -> None:
         """A generated kernel's call (CppKernel reports it): pointer arguments in order."""
@@ -203,7 +231,33 @@ class Recorder(TorchDispatchMode):
             if id(t) not in self.slot:
                 self.constants[self._new(t)] = t
             slots.append(self.slot[id(t)])
-        self.instructions.append(("kernel", address, slots))
+        self.plan.add_kernel(address, slots)
+        self.touched.append(slots)
+        self.kernels += 1
+
+    def finish(self, outputs: Sequence[torch.Tensor]):
+        """The plan, returning `outputs`, with every slot dropped after its last use."""
+        if self.failure is not None:
+            raise NotReplayable(self.failure)
+        plan = self.plan
+        plan.set_slots(self.slots)
+        for slot, tensor in self.constants.items():
+            plan.add_constant(slot, tensor)
+        output_slots = []
+        for t in outputs:
+            if id(t) not in self.slot:
+                raise NotReplayable("an output was not made by a recorded operator")
+            output_slots.append(self.slot[id(t)])
+        plan.set_outputs(output_slots)
+        last = {s: i for i, slots in enumerate(self.touched) for s in slots if s >= 0}
+        keep = set(output_slots) | set(self.constants)
+        frees: dict[int, list[int]] = {}
+        for s, i in last.items():
+            if s not in keep:
+                frees.setdefault(i, []).append(s)
+        for i, slots in frees.items():
+            plan.set_frees(i, slots)
+        return plan
 
 
 def _returned_tensors(func, result) -> list:
@@ -225,47 +279,6 @@ def _returned_tensors(func, result) -> list:
 def _returns_one_list(func) -> bool:
     returns = func._schema.returns
     return len(returns) == 1 and isinstance(returns[0].type, torch.ListType)
-
-
-def _plan(recorder: Recorder, outputs: Sequence[torch.Tensor]):
-    """The C++ plan of a record, with every slot dropped after its last use."""
-    native = _module
-    inputs = recorder.tensors[:recorder.num_inputs]
-    plan = native.Plan(list(inputs), len(recorder.tensors))
-    for slot, tensor in recorder.constants.items():
-        plan.add_constant(slot, tensor)
-    last: dict[int, int] = {}
-    for i, ins in enumerate(recorder.instructions):
-        if ins[0] == "op":
-            _, func, args, kwargs, used, outs = ins
-            schema = func._schema
-            try:
-                plan.add_op(schema.name, schema.overload_name, tuple(args), dict(kwargs),
-                            used, outs)
-            except RuntimeError as err:
-                raise NotReplayable(f"{func} cannot be called from C++: {err}") from None
-            touched = [*used, *outs]
-        else:
-            _, address, slots = ins
-            plan.add_kernel(address, slots)
-            touched = slots
-        for s in touched:
-            if s >= 0:
-                last[s] = i
-    output_slots = []
-    for t in outputs:
-        if id(t) not in recorder.slot:
-            raise NotReplayable("an output was not made by a recorded operator")
-        output_slots.append(recorder.slot[id(t)])
-    plan.set_outputs(output_slots)
-    frees: dict[int, list[int]] = {}
-    keep = set(output_slots) | set(recorder.constants)
-    for s, i in last.items():
-        if s not in keep:
-            frees.setdefault(i, []).append(s)
-    for i, slots in frees.items():
-        plan.set_frees(i, slots)
-    return plan
 
 
 # -- one executor's state ------------------------------------------------------------------
@@ -339,11 +352,10 @@ class NativeState:
             CppKernel.recording = None
             _recording.release()
         try:
-            self._candidate = _plan(recorder, outputs)
+            self._candidate = recorder.finish(outputs)
         except NotReplayable as err:
             self.reason = str(err)
-        kernels = sum(ins[0] == "kernel" for ins in recorder.instructions)
-        self.counts = (len(recorder.instructions) - kernels, kernels)
+        self.counts = (len(recorder.touched) - recorder.kernels, recorder.kernels)
         return outputs
 
     def _check(self, run, inputs):
@@ -392,9 +404,9 @@ def _first_mismatch(expected, got) -> str | None:
 
 
 if __name__ == "__main__":  # the builder `_spawn_builder` starts
-    _path, _key, _flags_ = _locate()
+    _located = _locate()
     try:
-        _build_and_import(_path, _key, _flags_)
+        _build_and_import(*_located)
     except (build.BuildError, OSError, ImportError) as _err:
         from ..files import atomic_write
 

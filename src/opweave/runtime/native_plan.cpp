@@ -84,7 +84,7 @@ class Plan {
 
   // An operator call: `name` and `overload` as in torch.ops; `slots` maps the slot of every
   // tensor of the call that is a value of the plan (not a constant) to that tensor as it
-  // was when recorded, so its places in the stack can be found by identity.
+  // is while being recorded, so its places in the stack can be found by identity.
   void add_op(const std::string& name, const std::string& overload, py::tuple args,
               py::dict kwargs, py::dict slots, std::vector<int> outputs) {
     Instruction ins;
@@ -171,6 +171,8 @@ class Plan {
   }
 
   void set_outputs(std::vector<int> outputs) { outputs_ = std::move(outputs); }
+
+  void set_slots(int num_slots) { num_slots_ = num_slots; }
 
   int size() const { return static_cast<int>(instructions_.size()); }
 
@@ -265,6 +267,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("add_constant", &Plan::add_constant)
       .def("set_frees", &Plan::set_frees)
       .def("set_outputs", &Plan::set_outputs)
+      .def("set_slots", &Plan::set_slots)
       .def("__len__", &Plan::size)
       .def("run", &Plan::run);
   m.def("key", []() { return std::string(OPWEAVE_NATIVE_KEY); });
