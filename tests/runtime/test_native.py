@@ -121,6 +121,20 @@ def test_a_replay_that_disagrees_is_refused_with_one_warning():
     assert torch.equal(out[0], torch.full((4,), 3.0))  # the Python steps, call after call
 
 
+def test_random_ops_are_replayed_with_fresh_numbers_each_call():
+    ex = _graph_with_step(lambda x: [torch.rand_like(x) + x])
+    x = torch.zeros(4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", native.NativeWarning)  # the check draws alike
+        _warm(ex, lambda: [x])
+    assert ex.native.plan is not None, ex.native.describe()
+    torch.manual_seed(0)
+    first = ex(x)[0]
+    torch.manual_seed(0)
+    assert torch.equal(ex(x)[0], first)  # the generator's numbers, as from Python
+    assert not torch.equal(ex(x)[0], first)
+
+
 def test_concurrent_calls_get_their_own_results():
     ex = compile_graph(_fused_graph(), OPTIONS).executor
     _warm(ex, lambda: [torch.randn(8, 16)])

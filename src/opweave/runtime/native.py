@@ -359,7 +359,10 @@ class NativeState:
         return outputs
 
     def _check(self, run, inputs):
+        # both runs draw the same random numbers (dropout, rand_like in training graphs)
+        rng = torch.random.get_rng_state()
         expected = run(inputs)
+        torch.random.set_rng_state(rng)
         try:
             got = self._candidate.run(list(inputs))
         except RuntimeError as err:
