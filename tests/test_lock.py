@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+import site
 from importlib import metadata
 from pathlib import Path
 
@@ -48,10 +49,12 @@ def test_torch_is_the_pinned_cpu_release():
 
 
 def test_this_environment_matches_the_lock():
-    """Every locked package that is installed has the locked version."""
+    """Every locked package that is installed has the locked version. Only the
+    environment's own site-packages count: packages vendor others (setuptools puts its
+    `_vendor` directory, with an older platformdirs, on sys.path once imported)."""
     pins = locked()
     wrong = []
-    for dist in metadata.distributions():
+    for dist in metadata.distributions(path=site.getsitepackages()):
         name = canonicalize_name(dist.metadata["Name"] or "")
         if name in pins and Version(dist.version) != pins[name]:
             wrong.append(f"{name} {dist.version} (locked {pins[name]})")

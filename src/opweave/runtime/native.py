@@ -67,19 +67,24 @@ _lock = threading.Lock()
 _recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
 
 
-def _flags() -> list[str]:
-    from torch.utils import cpp_extension
+def _torch_dirs() -> tuple[list[Path], Path]:
+    """torch's C++ include directories and its library directory, as in its wheel
+    (what torch.utils.cpp_extension computes; importing that would import setuptools,
+    which puts its vendored packages on sys.path)."""
+    root = Path(torch.__file__).parent
+    return [root / "include", root / "include" / "torch" / "csrc" / "api" / "include"], \
+        root / "lib"
 
-    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+
+def _flags() -> list[str]:
+    includes = [*_torch_dirs()[0], sysconfig.get_paths()["include"]]
     abi = int(torch.compiled_with_cxx11_abi())
     return ["-O2", "-std=c++20", "-fPIC", "-shared", f"-DTORCH_EXTENSION_NAME={MODULE_NAME}",
             f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{p}" for p in includes)]
 
 
 def _libraries() -> list[str]:
-    from torch.utils import cpp_extension
-
-    (lib,) = cpp_extension.library_paths()
+    lib = _torch_dirs()[1]
     return [f"-L{lib}", "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", f"-Wl,-rpath,{lib}"]
 
 
