@@ -367,13 +367,16 @@ class NativeState:
         # both runs draw the same random numbers (dropout, rand_like in training graphs)
         rng = torch.random.get_rng_state()
         expected = run(inputs)
+        after = torch.random.get_rng_state()
         torch.random.set_rng_state(rng)
         try:
             got = self._candidate.run(list(inputs))
         except RuntimeError as err:
+            torch.random.set_rng_state(after)
             self._refuse(f"its replay failed: {err}")
             return expected
         if got is None:  # other strides than recorded: record again on a later call
+            torch.random.set_rng_state(after)
             self._candidate = None
             return expected
         mismatch = _first_mismatch(expected, got)
