@@ -178,7 +178,7 @@ class Recorder(TorchDispatchMode):
 
     def __init__(self, inputs: Sequence[torch.Tensor]):
         super().__init__()
-        self.plan = _module.Plan(list(inputs), 0)
+        self.plan = _module.Plan(list(inputs))
         self.slot: dict[int, int] = {}  # id(tensor) -> slot, while the tensor lives
         self._refs: list[weakref.ref] = []
         self.slots = 0

@@ -75,8 +75,7 @@ struct InputGuard {
 
 class Plan {
  public:
-  explicit Plan(const std::vector<at::Tensor>& examples, int num_slots)
-      : num_slots_(num_slots) {
+  explicit Plan(const std::vector<at::Tensor>& examples) {
     for (const auto& t : examples) {
       guards_.push_back({t.sizes().vec(), t.strides().vec(), t.scalar_type(), t.device()});
     }
@@ -250,7 +249,7 @@ class Plan {
     if (k < outputs.size() && outputs[k] >= 0) slots[outputs[k]] = t;
   }
 
-  int num_slots_;
+  int num_slots_ = 0;
   std::vector<InputGuard> guards_;
   std::vector<Instruction> instructions_;
   std::vector<int> outputs_;
@@ -261,7 +260,7 @@ class Plan {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Plan>(m, "Plan")
-      .def(py::init<const std::vector<at::Tensor>&, int>())
+      .def(py::init<const std::vector<at::Tensor>&>())
       .def("add_op", &Plan::add_op)
       .def("add_kernel", &Plan::add_kernel)
       .def("add_constant", &Plan::add_constant)
