@@ -99,3 +99,70 @@ def test_partial_writes_through_data_need_a_refresh():
     compiled.refresh()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x))
+
+
+# -- the stamp itself, in both of its forms ------------------------------------------------
+
+@pytest.fixture(params=["native", "python"])
+def stamp_form(request, monkeypatch):
+    """TensorStamp checks in the native module once it is loaded, in Python before: both
+    forms must see the same changes."""
+    from opweave.runtime import native
+    if request.param == "native":
+        if native.module(wait=True) is None:
+            pytest.skip(f"native module unavailable: {native.unavailable()}")
+    else:
+        monkeypatch.setattr(native, "loaded", lambda: None)
+    return request.param
+
+
+def _tensors():
+    torch.manual_seed(0)
+    sparse = torch.eye(4).to_sparse()
+    return [torch.randn(8, 6), torch.randn(6, 8).t(), torch.randn(0, 3), sparse,
+            torch.arange(10), torch.nn.Parameter(torch.randn(5))]
+
+
+CHANGES = {
+    "versioned write": lambda ts: ts[0].add_(1),
+    "write to a strided view's middle element": lambda ts: ts[1].data.mul_(2),
+    "write through .data": lambda ts: ts[4].data.add_(1),
+    "new storage": lambda ts: setattr(ts[5], "data", torch.randn(5)),
+    "sparse tensor changed": lambda ts: ts[3].mul_(2),
+}
+
+
+@pytest.mark.parametrize("change", CHANGES, ids=str)
+def test_the_stamp_sees_each_change(stamp_form, change):
+    tensors = _tensors()
+    from opweave.frontends.weights import TensorStamp
+    stamp = TensorStamp(tensors)
+    assert stamp.matches(tensors) and stamp.matches(tuple(tensors))
+    assert (stamp._native is not None) == (stamp_form == "native")
+    CHANGES[change](tensors)
+    assert not stamp.matches(tensors)
+
+
+def test_the_stamp_sees_other_objects_and_other_lengths(stamp_form):
+    from opweave.frontends.weights import TensorStamp
+    tensors = _tensors()
+    stamp = TensorStamp(tensors)
+    assert not stamp.matches(tensors[:-1])
+    assert not stamp.matches(tensors[:-1] + [torch.nn.Parameter(tensors[-1].detach().clone())])
+    assert not stamp.matches(tensors[:-1] + [None])  # a parameter set to None
+
+
+def test_a_change_before_the_native_form_exists_is_still_seen(monkeypatch):
+    """The native form is made at the first check after the module loads, from the tensors
+    as they are then: a change made before that must not become the new reference."""
+    from opweave.frontends.weights import TensorStamp
+    from opweave.runtime import native
+    if native.module(wait=True) is None:
+        pytest.skip(f"native module unavailable: {native.unavailable()}")
+    tensors = _tensors()
+    with monkeypatch.context() as m:
+        m.setattr(native, "loaded", lambda: None)
+        stamp = TensorStamp(tensors)
+    tensors[4].data.add_(1)
+    assert not stamp.matches(tensors)
+    assert not stamp.matches(tensors)

@@ -25,6 +25,8 @@ from typing import Iterable, Sequence
 
 import torch
 
+from ..runtime import native
+
 _version = operator.attrgetter("_version")
 _data_ptr = torch.Tensor.data_ptr
 
@@ -35,11 +37,15 @@ class WeightsChangedWarning(UserWarning):
 
 class TensorStamp:
     """What a sequence of tensors looked like when a plan was built from them: their
-    identity, versions, storage and a one-element fingerprint each. A check costs about
-    0.5 us per tensor (BERT-base's 201: ~100 us, 2-core EPYC)."""
+    identity, versions, storage and a one-element fingerprint each. The check runs in the
+    native module once this process has loaded it (CPU tensors; about 0.02 us per tensor)
+    and here otherwise (about 0.5 us per tensor: BERT-base's 201, ~100 us; 2-core EPYC);
+    both check the same four things."""
 
     def __init__(self, tensors: Sequence[torch.Tensor]):
         self.tensors = tuple(tensors)
+        self._native = None
+        self._cpu = all(t.device.type == "cpu" for t in self.tensors)
         strided = [t for t in self.tensors if t.layout == torch.strided]
         self._strided_at = [i for i, t in enumerate(self.tensors) if t.layout == torch.strided]
         self.versions = list(map(_version, self.tensors))
@@ -49,6 +55,25 @@ class TensorStamp:
 
     def matches(self, current: Sequence[torch.Tensor]) -> bool:
         """Whether `current` (the same positions, now) is what the plan was built from."""
+        if self._native is None and self._cpu:
+            self._native = self._native_stamp()
+        if self._native is not None:
+            return self._native.matches(current)
+        return self._matches_here(current)
+
+    def _native_stamp(self):
+        """The native form of this stamp, made from the state recorded at construction
+        (so a change made in between is still seen), once the module is loaded."""
+        module = native.loaded()
+        if module is None:
+            return None
+        stamp = module.Stamp(list(self.tensors))
+        if not self._matches_here(self.tensors):
+            self._cpu = False  # changed since the stamp was taken: this form keeps deciding
+            return None
+        return stamp
+
+    def _matches_here(self, current: Sequence[torch.Tensor]) -> bool:
         if not all(map(operator.is_, current, self.tensors)):
             return False
         if list(map(_version, current)) != self.versions:

@@ -167,6 +167,12 @@ def unavailable() -> str | None:
     return _problem
 
 
+def loaded():
+    """The native module if this process has loaded it already, else None (never builds
+    or loads it: for callers that only profit from it, such as `TensorStamp`)."""
+    return _module
+
+
 # -- recording -----------------------------------------------------------------------------
 
 class Recorder(TorchDispatchMode):

@@ -14,6 +14,7 @@
 #include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -256,6 +257,61 @@ class Plan {
   std::vector<std::pair<int, at::Tensor>> constants_;
 };
 
+// What a sequence of CPU tensors looked like when a plan was built from them (the native
+// form of frontends/weights.TensorStamp, with the same four checks): the same tensor
+// objects, the same version counters, the same storage, and the same bytes in each one's
+// middle element (which sees writes through `.data`, whose version counter is separate).
+class Stamp {
+ public:
+  explicit Stamp(const std::vector<at::Tensor>& tensors) : tensors_(tensors) {
+    for (const at::Tensor& t : tensors_) {
+      TORCH_CHECK(t.device().is_cpu(), "a native stamp takes CPU tensors only");
+      versions_.push_back(t._version());
+      bool strided = t.layout() == at::kStrided;
+      pointers_.push_back(strided ? t.data_ptr() : nullptr);
+      const char* sample = strided ? middle_element(t) : nullptr;
+      samples_.emplace_back(sample, sample ? sample + t.element_size() : sample);
+    }
+  }
+
+  bool matches(const py::sequence& current) const {
+    if (static_cast<size_t>(py::len(current)) != tensors_.size()) return false;
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      PyObject* obj = current[i].ptr();
+      if (!THPVariable_Check(obj)) return false;
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      const at::Tensor& was = tensors_[i];
+      if (t.unsafeGetTensorImpl() != was.unsafeGetTensorImpl() || t._version() != versions_[i]) {
+        return false;
+      }
+      if (pointers_[i] == nullptr) continue;  // sparse: identity and version only
+      if (t.data_ptr() != pointers_[i]) return false;
+      const std::string& sample = samples_[i];
+      if (!sample.empty() && std::memcmp(middle_element(t), sample.data(), sample.size()) != 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+ private:
+  // The address of element numel/2 in row-major order (as TensorStamp samples it).
+  static const char* middle_element(const at::Tensor& t) {
+    if (t.numel() == 0) return nullptr;
+    int64_t rest = t.numel() / 2, offset = 0;
+    for (int64_t d = t.dim() - 1; d >= 0; --d) {
+      offset += (rest % t.size(d)) * t.stride(d);
+      rest /= t.size(d);
+    }
+    return static_cast<const char*>(t.data_ptr()) + offset * t.element_size();
+  }
+
+  std::vector<at::Tensor> tensors_;  // held, so an address is never reused while compared
+  std::vector<int64_t> versions_;
+  std::vector<const void*> pointers_;
+  std::vector<std::string> samples_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -269,5 +325,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_slots", &Plan::set_slots)
       .def("__len__", &Plan::size)
       .def("run", &Plan::run);
+  py::class_<Stamp>(m, "Stamp")
+      .def(py::init<const std::vector<at::Tensor>&>())
+      .def("matches", &Stamp::matches);
   m.def("key", []() { return std::string(OPWEAVE_NATIVE_KEY); });
 }
