@@ -11,6 +11,8 @@ Environment variables:
   OPWEAVE_MEASURE        1 (default) | 0: choose library forms by the cost model, not by timing
   OPWEAVE_DETERMINISTIC  0 (default) | 1: no wall-clock deadlines in the solvers
   OPWEAVE_VERIFY         1 (default) | 0: skip verifying the IR after each pass
+  OPWEAVE_TUNED          1 (default) | 0: ignore the whole-graph configurations `opweave tune`
+                         recorded (setting OPWEAVE_REWRITE or OPWEAVE_FUSION ignores them too)
   OPWEAVE_TUNING_DB      a path (default: tuning.sqlite under opweave's cache directory) |
                          off: no database, choices measured and kept for the process only
   OPWEAVE_NATIVE         background (default) | wait | off: the native execution plan
@@ -52,6 +54,9 @@ class Options:
     # calls replayed by the native plan once recorded and checked (see runtime/native.py):
     # "background" builds its module in a thread, "wait" before the first replay, or "off"
     native: str = "background"
+    # compile each graph with the configuration (rewrite, fusion) `opweave tune` recorded
+    # for it on this machine, when there is one; off when the caller chose them
+    tuned: bool = True
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -67,7 +72,8 @@ class Options:
     def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
                 env: Mapping[str, str] | None = None) -> "Options":
         """`options` as given, or built from the environment; `rewrite=` and `fusion=`
-        (the keyword arguments of opweave.compile) override either."""
+        (the keyword arguments of opweave.compile) override either, and then no tuned
+        configuration replaces them."""
         env = os.environ if env is None else env
         if options is None:
             options = cls.from_env(env)
@@ -78,12 +84,15 @@ class Options:
             changes["rewrite"] = RewriteOptions.resolve(rewrite)  # deadlines: __post_init__
         if fusion is not None:
             changes["fusion"] = "off" if fusion is False else fusion
+        if changes:
+            changes["tuned"] = False
         return replace(options, **changes) if changes else options
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "Options":
         env = os.environ if env is None else env
         debug = env.get("OPWEAVE_DEBUG", "")
+        chosen = bool(env.get("OPWEAVE_REWRITE") or env.get("OPWEAVE_FUSION"))
         return cls(rewrite=RewriteOptions.resolve(env.get("OPWEAVE_REWRITE") or "eqsat"),
                    fusion=env.get("OPWEAVE_FUSION", "") or "ilp",
                    measure=_flag(env, "OPWEAVE_MEASURE", True),
@@ -91,6 +100,7 @@ class Options:
                    verify=_flag(env, "OPWEAVE_VERIFY", True),
                    tuning_db=_tuning_db(env.get("OPWEAVE_TUNING_DB", "")),
                    native=env.get("OPWEAVE_NATIVE", "").strip().lower() or "background",
+                   tuned=_flag(env, "OPWEAVE_TUNED", True) and not chosen,
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 

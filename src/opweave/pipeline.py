@@ -14,16 +14,17 @@ a compiler bug must not cost the user their model.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
 from . import tune
+from .tune import configs
 from .files import atomic_write
 from .ir import Graph, verify
 from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
-from .options import Options
+from .options import Options, RewriteOptions
 from .runtime import Executor
 
 
@@ -176,6 +177,8 @@ class CompiledGraph:
     graph: Graph
     executor: Executor
     reports: list[PassReport] = field(default_factory=list)
+    key: tuple[str, str] | None = None  # the input graph's tune.configs.graph_key
+    options: Options | None = None      # what it was compiled with (tuned or not)
 
     def __call__(self, *tensors):
         return self.executor(*tensors)
@@ -185,13 +188,35 @@ class CompiledGraph:
         return next((r.detail for r in self.reports if r.name == name), None)
 
 
+def _tuned_options(graph: Graph, key: str, options: Options) -> tuple[Options, PassReport | None]:
+    """`options` with the configuration `opweave tune` recorded for this graph on this
+    machine (tune/configs.py), and a report line saying so; unchanged without one."""
+    if not options.tuned or options.tuning_db is None:
+        return options, None
+    start = time.perf_counter()
+    record = configs.recall(key, tune.open_db(options.tuning_db))
+    if record is None:
+        return options, None
+    detail = (f"{configs.describe_config(record.config)} from the tuning database "
+              f"(model measured at {record.seconds * 1e3:.3f} ms)")
+    size = len(graph.nodes)
+    tuned = replace(options, rewrite=RewriteOptions.resolve(record.config["rewrite"]),
+                    fusion=record.config["fusion"])  # (replace re-applies `deterministic`)
+    return tuned, PassReport("tuned", time.perf_counter() - start, size, size, detail)
+
+
 def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
-    """Run every pass over `graph` and lower it to an executor."""
+    """Run every pass over `graph` and lower it to an executor, with the graph's tuned
+    configuration when the database has one."""
+    key = configs.graph_key(graph)
+    options, tuned = _tuned_options(graph, key[0], options)
     run = PassRun(options, graph.name)
+    if tuned is not None:
+        run.reports.append(tuned)
     for p in GRAPH_PASSES:
         graph = run.apply(p, graph)
     executor = run.lower(graph)
-    return CompiledGraph(graph, executor, run.reports)
+    return CompiledGraph(graph, executor, run.reports, key, options)
 
 
 __all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "CompiledGraph", "compile_graph",

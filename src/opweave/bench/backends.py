@@ -118,14 +118,16 @@ def _with_fallback_notes(prepare: Callable[[], Prepared]) -> tuple[Prepared, lis
                       if issubclass(w.category, OpweaveFallbackWarning)]
 
 
-def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None):
+def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned=False):
+    """opweave.compile; untuned (the configuration `opweave tune` recorded is not used)
+    unless `tuned`, so `opweave` vs `opweave-tuned` is what tuning gained."""
     from dataclasses import replace
 
     from ..frontends.torch_export import compile as opweave_compile
     from ..options import Options
 
     compiled = []
-    options = Options.resolve()
+    options = replace(Options.resolve(), tuned=tuned)
     if native is not None:
         options = replace(options, native=native)
 
@@ -135,9 +137,20 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None):
         return compiled[-1]
 
     prepared, notes = _with_fallback_notes(lambda: _infer_torch(bench, compile_))
+    if tuned:
+        used = [r.detail for g in compiled[-1].program.compiled_graphs for r in g.reports
+                if r.name == "tuned"]
+        if not used:
+            raise Unavailable(f"no configuration tuned for {bench.name} on this machine in the "
+                              f"tuning database: run `opweave tune {bench.name}` first")
+        notes.append("tuned: " + "; ".join(dict.fromkeys(d.split(" from ")[0] for d in used)))
     notes += _program_notes([compiled[-1].program] if compiled else [])
     prepared.note = "; ".join(notes)
     return prepared
+
+
+def _infer_opweave_tuned(bench, threads):
+    return _infer_opweave(bench, threads, tuned=True)
 
 
 def _infer_opweave_dynamo(bench, threads):
@@ -445,6 +458,8 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "openvino-default": {INFER: _infer_openvino_default,
                          TRAIN: _inference_only("OpenVINO (default precision)")},
     "opweave": {INFER: _infer_opweave, TRAIN: _train_opweave},
+    # with the configuration `opweave tune MODEL` recorded (Unavailable without one)
+    "opweave-tuned": {INFER: _infer_opweave_tuned, TRAIN: _inference_only("tuning")},
     # training: loss elimination
     "opweave-noloss": {INFER: _inference_only("the loss-elimination comparison"),
                        TRAIN: _train_opweave_noloss},

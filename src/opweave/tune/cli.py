@@ -1,4 +1,5 @@
-"""`opweave tune show|stats|export|import`: look into and share the tuning database."""
+"""`opweave tune MODEL | show | stats | export FILE | import FILE`: tune a model, and look
+into and share the tuning database."""
 from __future__ import annotations
 
 import sys
@@ -6,20 +7,29 @@ import sys
 from . import DEFAULT, TuningDBError, open_db
 from .target import describe, target_id
 
+ACTIONS = ("show", "stats", "export", "import")
+
 
 def add_parsers(sub, default_path: str | None) -> None:
     """`default_path`: the database of the user's options (the top-level CLI reads them)."""
-    p = sub.add_parser("tune", help="the tuning database: show, stats, export, import")
+    p = sub.add_parser(
+        "tune", help="tune a model's configuration; show, stats, export, import the database",
+        description="opweave tune MODEL [--small] [--trials N | --budget SECONDS]: search the "
+                    "model's whole-graph configurations and record the best per graph. "
+                    "opweave tune show [--all] | stats | export FILE | import FILE: the database.")
+    p.add_argument("what", metavar="MODEL|show|stats|export|import")
+    p.add_argument("file", nargs="?", help="the JSON-lines file of export and import")
     p.add_argument("--db", default=None,
                    help="database path (default: $OPWEAVE_TUNING_DB or the cache directory's)")
-    actions = p.add_subparsers(dest="action", required=True)
-    show = actions.add_parser("show", help="the records measured on this machine")
-    show.add_argument("--all", action="store_true", help="records of every target")
-    actions.add_parser("stats", help="records per target and kind")
-    export = actions.add_parser("export", help="write every record as JSON lines")
-    export.add_argument("file")
-    imported = actions.add_parser("import", help="add the records of an export")
-    imported.add_argument("file")
+    p.add_argument("--all", action="store_true", help="show: records of every target")
+    p.add_argument("--small", action="store_true", help="MODEL: its small variant")
+    p.add_argument("--trials", type=int, default=None,
+                   help="MODEL: at most this many measured trials (default: every configuration)")
+    p.add_argument("--budget", type=float, default=None,
+                   help="MODEL: seconds after which no new trial starts")
+    p.add_argument("--threads", type=int, default=None,
+                   help="MODEL: threads to tune for (default: torch's, i.e. all cores)")
+    p.add_argument("--rounds", type=int, default=10, help="MODEL: timed calls per trial")
     p.set_defaults(func=run, default_db=default_path)
 
 
@@ -28,23 +38,29 @@ def _path(args) -> str:
 
 
 def run(args) -> int:
+    if args.what in ("export", "import") and not args.file:
+        print(f"opweave tune {args.what}: give the file", file=sys.stderr)
+        return 2
+    if args.what not in ACTIONS:
+        return _tune(args)
     db = open_db(_path(args))
     here = target_id(describe())
-    if args.action == "show":
+    if args.what == "show":
         records = db.records(None if args.all else here)
         for r in records:
             samples = ", ".join(f"{k} {min(v) * 1e6:.1f} us" for k, v in sorted(r.samples.items()) if v)
-            print(f"{r.kind:<13} {r.config.get('form', r.config)!s:<16} {r.seconds * 1e6:10.1f} us  "
-                  f"[{samples}]  {r.workload_text[:120]}" + ("" if r.target == here else f"  @{r.target}"))
+            config = r.config.get("form") or r.config.get("config") or r.config
+            print(f"{r.kind:<13} {config!s:<16} {r.seconds * 1e6:10.1f} us  "
+                  f"[{samples[:200]}]  {r.workload_text[:120]}" + ("" if r.target == here else f"  @{r.target}"))
         print(f"{len(records)} record(s) in {db.path}")
-    elif args.action == "stats":
+    elif args.what == "stats":
         targets = db.targets()
         for target, kinds in sorted(db.stats().items()):
             mark = " (this machine)" if target == here else ""
             print(f"target {target}{mark}: {targets.get(target, {})}")
             for kind, n in sorted(kinds.items()):
                 print(f"  {kind}: {n}")
-    elif args.action == "export":
+    elif args.what == "export":
         print(f"exported {db.export(args.file)} record(s) to {args.file}")
     else:
         try:
@@ -52,4 +68,25 @@ def run(args) -> int:
         except (OSError, TuningDBError) as err:
             print(f"opweave tune import: {err}", file=sys.stderr)
             return 2
+    return 0
+
+
+def _tune(args) -> int:
+    from ..models import BUILDERS
+    from .search import WorkerFailed, tune_model
+
+    if args.what not in BUILDERS:
+        print(f"opweave tune: {args.what!r} is neither {', '.join(ACTIONS)} nor a model; "
+              f"models: {', '.join(BUILDERS)}", file=sys.stderr)
+        return 2
+    db = open_db(_path(args))
+    print(f"tuning {args.what}{' (small)' if args.small else ''} into {db.path}", flush=True)
+    try:
+        result = tune_model(args.what, db, small=args.small, trials=args.trials,
+                            budget=args.budget, threads=args.threads, rounds=args.rounds,
+                            progress=lambda line: print("  " + line, flush=True))
+    except WorkerFailed as err:
+        print(f"opweave tune {args.what}: {err}", file=sys.stderr)
+        return 1
+    print(result.summary())
     return 0

@@ -1,0 +1,223 @@
+"""`opweave tune MODEL`: search one model's whole-graph configurations (tune/configs.py)
+with Optuna's TPE sampler, measuring each candidate end to end in a worker process of its
+own (tune/worker.py: a candidate that crashes or hangs the compiler fails alone).
+
+Every measured trial is kept in the database ("model-trial" records, keyed by the model,
+the configuration and the target, with the graph keys the compile saw), so an interrupted
+or repeated run resumes: trials of the same graphs are read back instead of measured. The
+untuned configuration is always measured first (it is the baseline, and its compile says
+which graphs the model has). The search ends at the trial or time budget, or when every
+configuration is measured. The best few are then timed again, interleaved in one worker
+with the baseline, since trials measured in separate processes drift with the machine's
+load; the fastest of that run becomes each graph's "graph-config" record, which
+`opweave.compile` and the Dynamo backend use from then on.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import configs
+from .db import Record, TuningDB
+from .target import describe, target_id
+
+TRIAL_KIND = "model-trial"
+MAX_REPEATS = 20  # proposals in a row of measured configurations before one is enqueued
+WORKER = [sys.executable, "-m", "opweave.tune.worker"]  # + REQUEST.json RESULT.json
+
+
+class WorkerFailed(RuntimeError):
+    """A tuning worker died, hung past its timeout, or could not measure anything."""
+
+
+@dataclass
+class Trial:
+    config: dict
+    samples: list[float] = field(default_factory=list)
+    error: str = ""
+    graph_keys: list[tuple[str, str]] = field(default_factory=list)
+    resumed: bool = False  # read back from the database, not measured in this run
+
+    @property
+    def seconds(self) -> float:
+        return statistics.median(self.samples) if self.samples and not self.error else math.inf
+
+
+@dataclass
+class TuneResult:
+    model: str
+    best: Trial
+    baseline: Trial
+    trials: list[Trial]
+    confirmed: list[Trial]
+    seconds: float  # wall time of the whole search
+
+    def summary(self) -> str:
+        measured = sum(not t.resumed for t in self.trials)
+        speedup = self.baseline.seconds / self.best.seconds
+        return (f"{self.model}: {configs.describe_config(self.best.config)} at "
+                f"{self.best.seconds * 1e3:.3f} ms, {speedup:.2f}x the untuned "
+                f"{configs.describe_config(self.baseline.config)} ({self.baseline.seconds * 1e3:.3f} ms); "
+                f"{len(self.trials)} trial(s), {measured} measured in this run, "
+                f"{self.seconds:.0f} s")
+
+
+def run_worker(request: dict, timeout: float) -> list[Trial]:
+    """One worker process over `request["configs"]`; a Trial per configuration."""
+    with tempfile.TemporaryDirectory(prefix="opweave-tune-") as tmp:
+        request_path, result_path = Path(tmp) / "request.json", Path(tmp) / "result.json"
+        request_path.write_text(json.dumps(request))
+        try:
+            proc = subprocess.run([*WORKER, str(request_path), str(result_path)],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise WorkerFailed(f"the worker ran past its {timeout:.0f} s timeout") from None
+        if proc.returncode != 0 or not result_path.exists():
+            tail = (proc.stderr or "").strip().splitlines()[-3:]
+            raise WorkerFailed(f"the worker exited with status {proc.returncode}"
+                               + (": " + " | ".join(tail) if tail else ""))
+        result = json.loads(result_path.read_text())
+    if "error" in result:
+        raise WorkerFailed(result["error"].strip().splitlines()[-1])
+    return [Trial(r["config"], r.get("samples", []), r.get("error", ""),
+                  [tuple(k) for k in r.get("graph_keys", [])]) for r in result["results"]]
+
+
+def _trial_workload(model: str, small: bool, config: dict) -> tuple[str, str]:
+    text = f"{model}{' (small)' if small else ''}: {configs.describe_config(config)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:32], text
+
+
+def _save_trial(db: TuningDB, model: str, small: bool, trial: Trial, descriptor: dict) -> None:
+    digest, text = _trial_workload(model, small, trial.config)
+    seconds = trial.seconds if math.isfinite(trial.seconds) else 1e9  # failed: never best
+    db.put(Record(TRIAL_KIND, digest, target_id(descriptor), text,
+                  {"config": trial.config, "graph_keys": trial.graph_keys, "error": trial.error},
+                  seconds, {"calls": trial.samples}), descriptor)
+
+
+def _load_trial(db: TuningDB, model: str, small: bool, config: dict, keys, target: str):
+    """The recorded trial of `config`, if it was measured on the same graphs here."""
+    record = db.get(TRIAL_KIND, _trial_workload(model, small, config)[0], target)
+    if record is None or [tuple(k) for k in record.config.get("graph_keys", [])] != keys:
+        return None
+    return Trial(config, record.samples.get("calls", []), record.config.get("error", ""), keys,
+                 resumed=True)
+
+
+def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | None = None,
+               budget: float | None = None, threads: int | None = None, rounds: int = 10,
+               confirm: int = 3, seed: int = 0, timeout: float = 1800.0,
+               progress: Callable[[str], None] | None = None) -> TuneResult:
+    """Search `model`'s configurations; record the best for each of its graphs in `db`.
+    `trials`: at most this many measured trials (default: the whole space); `budget`:
+    seconds after which no new trial starts."""
+    import optuna
+    import torch
+
+    threads = threads or torch.get_num_threads()
+    descriptor = describe(threads)
+    target = target_id(descriptor)
+    say = progress or (lambda line: None)
+    start = time.perf_counter()
+    request = {"model": model, "small": small, "threads": threads, "rounds": rounds}
+
+    def measure(config: dict, keys=()) -> Trial:
+        try:
+            (trial,) = run_worker({**request, "configs": [config]}, timeout)
+        except WorkerFailed as err:  # a crash is remembered too, for the graphs it was on
+            trial = Trial(config, error=str(err), graph_keys=list(keys))
+        _save_trial(db, model, small, trial, descriptor)
+        return trial
+
+    baseline = measure(dict(configs.DEFAULT))
+    if baseline.error:
+        raise WorkerFailed(f"{model} does not compile with the untuned configuration: "
+                           f"{baseline.error}")
+    keys = baseline.graph_keys
+    if not keys:
+        raise WorkerFailed(f"{model} has no graph opweave compiles (it runs in eager); "
+                           "there is nothing to tune")
+    say(f"trial 1: {configs.describe_config(baseline.config)}: {baseline.seconds * 1e3:.3f} ms")
+    done = {configs.describe_config(baseline.config): baseline}
+    for config in configs.all_configs():
+        trial = _load_trial(db, model, small, config, keys, target)
+        if trial is not None and configs.describe_config(config) not in done:
+            done[configs.describe_config(config)] = trial
+            say(f"resumed: {configs.describe_config(config)}: "
+                + (trial.error or f"{trial.seconds * 1e3:.3f} ms"))
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in configs.SPACE.items()}
+    study = optuna.create_study(direction="minimize",
+                                sampler=optuna.samplers.TPESampler(seed=seed))
+    for trial in done.values():
+        study.add_trial(_frozen(trial, space))
+    limit = trials if trials is not None else len(configs.all_configs())
+    measured, repeats = 1, 0
+    while (measured < limit and len(done) < len(configs.all_configs())
+           and (budget is None or time.perf_counter() - start < budget)):
+        asked = study.ask(space)
+        name = configs.describe_config(asked.params)
+        if name in done:  # TPE proposes a configuration again: answer from memory
+            _tell(study, asked, done[name])
+            repeats += 1
+            if repeats >= MAX_REPEATS:  # it keeps doing so: take the next unmeasured one
+                study.enqueue_trial(next(c for c in configs.all_configs()
+                                         if configs.describe_config(c) not in done))
+                repeats = 0
+            continue
+        trial = measure(dict(asked.params), keys)
+        done[name] = trial
+        measured += 1
+        _tell(study, asked, trial)
+        best = min(done.values(), key=lambda t: t.seconds)
+        say(f"trial {measured}: {name}: "
+            + (f"failed ({trial.error})" if trial.error else f"{trial.seconds * 1e3:.3f} ms")
+            + f"; best {configs.describe_config(best.config)} {best.seconds * 1e3:.3f} ms")
+
+    ranked = sorted((t for t in done.values() if not t.error), key=lambda t: t.seconds)
+    finalists = [t.config for t in ranked[:confirm]]
+    if configs.DEFAULT not in finalists:
+        finalists.append(dict(configs.DEFAULT))
+    say(f"confirming {len(finalists)} configuration(s), interleaved")
+    confirmed = run_worker({**request, "configs": finalists, "rounds": 2 * rounds}, timeout)
+    usable = [t for t in confirmed if not t.error and t.graph_keys == keys]
+    if not usable:
+        raise WorkerFailed(f"the confirmation run of {model} measured nothing usable: "
+                           + "; ".join(t.error for t in confirmed))
+    best = min(usable, key=lambda t: t.seconds)
+    configs.remember(keys, best.config, best.seconds,
+                     {configs.describe_config(t.config): t.samples for t in usable}, db)
+    base = next((t for t in usable if t.config == configs.DEFAULT), baseline)
+    return TuneResult(model, best, base, list(done.values()), confirmed,
+                      time.perf_counter() - start)
+
+
+def _frozen(trial: Trial, space):
+    import optuna
+
+    if trial.error:
+        return optuna.trial.create_trial(params=trial.config, distributions=space,
+                                         state=optuna.trial.TrialState.FAIL)
+    return optuna.trial.create_trial(params=trial.config, distributions=space,
+                                     value=trial.seconds)
+
+
+def _tell(study, asked, trial: Trial) -> None:
+    import optuna
+
+    if trial.error:
+        study.tell(asked, state=optuna.trial.TrialState.FAIL)
+    else:
+        study.tell(asked, trial.seconds)

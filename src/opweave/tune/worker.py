@@ -1,0 +1,91 @@
+"""A tuning worker: compiles one model under the given whole-graph configurations and
+times them, in a process of its own, so a configuration that crashes or hangs the
+compiler kills only its worker (`python -m opweave.tune.worker REQUEST.json RESULT.json`).
+
+The request names the model (`opweave.models.build`), the configurations, the rounds and
+the thread count. The configurations are timed interleaved, one call of each per round,
+after checking each one's outputs against eager; the result gives, per configuration,
+every sample, the largest difference from eager, the compile time and the graph keys
+(tune/configs.py) its compile saw, or the error that stopped it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+
+from ..files import atomic_write
+
+TOLERANCE = 1e-3  # largest absolute difference from eager, as `opweave bench` allows
+
+
+def _max_abs_diff(got, expected) -> float:
+    import torch
+
+    leaves = torch.utils._pytree.tree_leaves
+    pairs = list(zip(leaves(got), leaves(expected)))
+    return max((float((g.float() - e.float()).abs().max()) if g.numel() else 0.0
+                for g, e in pairs if isinstance(g, torch.Tensor)), default=0.0)
+
+
+def measure(request: dict) -> dict:
+    import torch
+
+    from ..frontends.torch_export import compile as opweave_compile
+    from ..models import build
+    from ..options import Options
+    from ..pipeline import RewriteOptions
+
+    torch.set_num_threads(request["threads"])
+    bench = build(request["model"], request.get("small", False))
+    module = bench.module.eval()
+    base = replace(Options.resolve(), tuned=False, native="wait")
+    results, calls = [], []
+    with torch.no_grad():
+        expected = module(*bench.inputs)
+        for config in request["configs"]:
+            options = replace(base, rewrite=RewriteOptions.resolve(config["rewrite"]),
+                              fusion=config["fusion"])
+            start = time.perf_counter()
+            try:
+                compiled = opweave_compile(module, bench.inputs, name=bench.name, options=options)
+                for _ in range(request.get("warmup", 3)):  # record, check, then the native plan
+                    out = compiled(*bench.inputs)
+            except Exception as err:  # noqa: BLE001  (reported as this configuration's failure)
+                results.append({"config": config, "error": f"{type(err).__name__}: {err}"})
+                calls.append(None)
+                continue
+            diff = _max_abs_diff(out, expected)
+            keys = [list(g.key) for g in compiled.program.compiled_graphs if g.key]
+            results.append({"config": config, "compile_s": time.perf_counter() - start,
+                            "max_abs_diff": diff, "graph_keys": keys, "samples": []})
+            if diff > TOLERANCE:
+                results[-1]["error"] = f"outputs differ from eager by {diff:.2e}"
+                calls.append(None)
+            else:
+                calls.append(compiled)
+        for _ in range(request.get("rounds", 10)):
+            for compiled, result in zip(calls, results):
+                if compiled is None:
+                    continue
+                start = time.perf_counter()
+                compiled(*bench.inputs)
+                result["samples"].append(time.perf_counter() - start)
+    return {"model": request["model"], "results": results}
+
+
+def main(argv: list[str]) -> int:
+    request_path, result_path = argv
+    try:
+        result = measure(json.loads(Path(request_path).read_text()))
+    except Exception:  # noqa: BLE001  (the driver reports the worker's traceback)
+        result = {"error": traceback.format_exc()}
+    atomic_write(result_path, lambda tmp: tmp.write_text(json.dumps(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,161 @@
+"""Whole-graph configurations: keyed by structure, searched by `opweave tune MODEL` in
+worker processes (a crashing candidate fails alone, an interrupted search resumes), and
+used by the next compile unless the caller chose the knobs."""
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from dataclasses import replace
+
+import pytest
+import torch
+
+import opweave
+from opweave.ir.text import parse_graph
+from opweave.options import Options
+from opweave.tune import configs, open_db, search
+from opweave.tune.target import describe, target_id
+
+GRAPH = """graph @{name}(%x: f32[2,{n}]) {{
+  %y: f32[2,{n}] = relu(%x){loc}
+  %z: f32[2,{n}] = neg(%y)
+  return %z
+}}
+"""
+
+
+def test_the_graph_key_sees_structure_not_names_or_locations():
+    key = configs.graph_key(parse_graph(GRAPH.format(name="a", n=4, loc="")))[0]
+    renamed = parse_graph(GRAPH.format(name="b", n=4, loc=' loc("model.py:3")')
+                          .replace("%y", "%hidden"))
+    assert configs.graph_key(renamed)[0] == key
+    assert configs.graph_key(parse_graph(GRAPH.format(name="a", n=5, loc="")))[0] != key
+    swapped = GRAPH.format(name="a", n=4, loc="").replace("relu(%x)", "tanh(%x)")
+    assert configs.graph_key(parse_graph(swapped))[0] != key
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(),
+                               torch.nn.Linear(32, 8)).eval()
+
+
+def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path):
+    model, x = _model(), torch.randn(4, 16)
+    options = Options(tuning_db=str(tmp_path / "t.sqlite"))
+    first = opweave.compile(model, (x,), options=options)
+    (graph,) = first.program.compiled_graphs
+    assert graph.report("tuned") is None and graph.options.fusion == "ilp"
+    tuned = {"rewrite": "off", "fusion": "off"}
+    configs.remember([graph.key], tuned, 1e-3, {"rewrite=off fusion=off": [1e-3]},
+                     open_db(options.tuning_db))
+
+    again = opweave.compile(model, (x,), options=options)
+    (graph,) = again.program.compiled_graphs
+    assert "rewrite=off fusion=off from the tuning database" in graph.report("tuned")
+    assert graph.options.fusion == "off" and graph.options.rewrite.engine == "off"
+    assert graph.report("lower") == "fusion off: one step per op"
+    with torch.no_grad():
+        torch.testing.assert_close(again(x), model(x))
+
+    chosen = opweave.compile(model, (x,), fusion="ilp", options=options)  # the caller decides
+    (graph,) = chosen.program.compiled_graphs
+    assert graph.report("tuned") is None and graph.options.fusion == "ilp"
+    untuned = opweave.compile(model, (x,), options=replace(options, tuned=False))
+    assert untuned.program.compiled_graphs[0].report("tuned") is None
+
+
+def test_the_environment_can_turn_tuned_configurations_off():
+    assert Options.from_env({}).tuned
+    assert not Options.from_env({"OPWEAVE_TUNED": "0"}).tuned
+    assert not Options.from_env({"OPWEAVE_FUSION": "greedy"}).tuned
+    assert not Options.resolve(Options(), rewrite="greedy").tuned
+
+
+# A stand-in worker: known times per configuration, and a crash (abort) for fusion=greedy.
+FAKE_WORKER = textwrap.dedent("""
+    import json, os, sys
+    request = json.load(open(sys.argv[1]))
+    with open(os.environ["FAKE_WORKER_LOG"], "a") as log:
+        log.write(json.dumps(request["configs"]) + "\\n")
+    results = []
+    for config in request["configs"]:
+        if config["fusion"] == "greedy":
+            os.abort()
+        ms = {"eqsat": 3.0, "greedy": 2.0, "off": 4.0}[config["rewrite"]]
+        ms += {"ilp": 0.0, "off": 0.5}[config["fusion"]]
+        results.append({"config": config, "samples": [ms / 1e3] * request["rounds"],
+                        "max_abs_diff": 0.0, "graph_keys": [["k" * 32, "graph (f32[2]) of 2 nodes"]]})
+    json.dump({"model": request["model"], "results": results}, open(sys.argv[2], "w"))
+""")
+
+
+@pytest.fixture
+def fake_worker(tmp_path, monkeypatch):
+    script = tmp_path / "worker.py"
+    script.write_text(FAKE_WORKER)
+    log = tmp_path / "requests.log"
+    monkeypatch.setenv("FAKE_WORKER_LOG", str(log))
+    monkeypatch.setattr(search, "WORKER", [sys.executable, str(script)])
+    return lambda: [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def test_the_search_finds_the_best_survives_crashes_and_resumes(tmp_path, fake_worker):
+    db = open_db(tmp_path / "t.sqlite")
+    lines = []
+    result = search.tune_model("xmlcnn", db, small=True, rounds=3, progress=lines.append)
+    assert result.best.config == {"rewrite": "greedy", "fusion": "ilp"}
+    assert result.baseline.config == configs.DEFAULT
+    crashed = [t for t in result.trials if t.error]
+    assert {t.config["fusion"] for t in crashed} == {"greedy"} and len(crashed) == 3
+    assert all("exited with status" in t.error for t in crashed)
+    assert len(result.trials) == len(configs.all_configs())  # the whole space, each once
+    record = db.get(configs.KIND, "k" * 32, target_id(describe()))
+    assert record.config == {"rewrite": "greedy", "fusion": "ilp"}
+    assert configs.recall("k" * 32, db).seconds == pytest.approx(2e-3)
+    assert any(line.startswith("confirming") for line in lines)
+
+    requests = len(fake_worker())
+    again = search.tune_model("xmlcnn", db, small=True, rounds=3)
+    assert sum(not t.resumed for t in again.trials) == 1  # the baseline only
+    assert len(fake_worker()) == requests + 2  # the baseline and the confirmation
+    assert again.best.config == result.best.config
+
+
+def test_a_trial_budget_stops_the_search(tmp_path, fake_worker):
+    result = search.tune_model("xmlcnn", open_db(tmp_path / "t.sqlite"), small=True, trials=3,
+                               rounds=2)
+    assert sum(not t.resumed for t in result.trials) == 3
+
+
+def test_tuning_a_real_model_records_a_configuration_the_next_compile_uses(tmp_path):
+    """The real worker on the small XML-CNN, two trials: the record it writes is found by
+    `opweave.compile` on the same model (same graph key in another process)."""
+    from opweave.models import build
+
+    db_path = tmp_path / "t.sqlite"
+    db = open_db(db_path)
+    result = search.tune_model("xmlcnn", db, small=True, trials=2, rounds=2, confirm=2)
+    assert not result.baseline.error and result.best.samples
+    bench = build("xmlcnn", small=True)
+    compiled = opweave.compile(bench.module.eval(), bench.inputs,
+                               options=Options(tuning_db=str(db_path)))
+    (graph,) = compiled.program.compiled_graphs
+    assert configs.describe_config(result.best.config) in graph.report("tuned")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*bench.inputs), bench.module(*bench.inputs))
+
+
+def test_the_command_line(tmp_path, fake_worker, capsys):
+    from opweave.cli import main
+
+    db = str(tmp_path / "t.sqlite")
+    assert main(["tune", "no-such-model", "--db", db]) == 2
+    assert "neither show, stats, export, import nor a model" in capsys.readouterr().err
+    assert main(["tune", "export", "--db", db]) == 2
+    assert main(["tune", "xmlcnn", "--small", "--trials", "2", "--rounds", "2", "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert "trial 2:" in out and "xmlcnn: rewrite=" in out
+    assert main(["tune", "show", "--db", db]) == 0
+    assert "graph-config" in capsys.readouterr().out
