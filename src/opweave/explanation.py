@@ -125,4 +125,5 @@ def _runtime(compiled, example_inputs) -> list[str]:
                 compiled(*example_inputs)
     except Exception as err:  # noqa: BLE001  (explain reports; it does not fail)
         return [f"not run ({type(err).__name__}: {err})" for _ in graphs]
-    return [g.executor.native.describe() for g in graphs]
+    return [g.executor.native.describe() + (f"; {g.report('tuned')}" if g.report("tuned") else "")
+            for g in graphs]
