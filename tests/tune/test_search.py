@@ -41,8 +41,9 @@ def _model():
                                torch.nn.Linear(32, 8)).eval()
 
 
-def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path):
+def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path, monkeypatch):
     model, x = _model(), torch.randn(4, 16)
+    monkeypatch.setenv("OPWEAVE_TUNING_DB", str(tmp_path / "t.sqlite"))  # for explain
     options = Options(tuning_db=str(tmp_path / "t.sqlite"))
     first = opweave.compile(model, (x,), options=options)
     (graph,) = first.program.compiled_graphs
@@ -58,6 +59,8 @@ def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path):
     assert graph.report("lower") == "fusion off: one step per op"
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x))
+    report = str(opweave.explain(model, (x,), graph_breaks=False))
+    assert "; rewrite=off fusion=off from the tuning database" in report
 
     chosen = opweave.compile(model, (x,), fusion="ilp", options=options)  # the caller decides
     (graph,) = chosen.program.compiled_graphs
