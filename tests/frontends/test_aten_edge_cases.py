@@ -246,3 +246,32 @@ def test_slice_assignment_lowers_without_fallback():
     ids, x = torch.randint(0, 50, (2, 7)), torch.randn(1, 9)
     for got, expected in zip(compiled(ids, x), model(ids, x)):
         torch.testing.assert_close(got, expected)
+
+
+class _Roll(torch.nn.Module):
+    """Swin's shifted windows: torch.roll, whose decomposition computes indices by fmod."""
+
+    def forward(self, x, idx):
+        return torch.roll(x, shifts=(-2, 3), dims=(1, 2)) * 2, torch.fmod(idx, 3), idx.fmod(idx + 5)
+
+
+def test_integer_fmod_and_roll_lower_without_fallback():
+    x, idx = torch.randn(1, 7, 5, 4), torch.tensor([-7, -3, 0, 2, 5, 9])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(_Roll(), (x, idx))
+    for got, want in zip(compiled(x, idx), _Roll()(x, idx)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+class _FloatFmod(torch.nn.Module):
+    def forward(self, x):
+        return torch.fmod(x, 0.3) + 1
+
+
+def test_floating_point_fmod_stays_in_eager_with_its_reason():
+    x = torch.randn(8) * 10
+    with pytest.warns(OpweaveFallbackWarning, match="fmod of floating-point values"):
+        compiled = opweave.compile(_FloatFmod(), (x,))
+    torch.testing.assert_close(compiled(x), _FloatFmod()(x), rtol=0, atol=0)

@@ -130,6 +130,18 @@ def _div_mode(ctx, a, b, rounding_mode=None):
     return ctx.add1("div", list(_operands(ctx, a, b)), {"rounding": rounding_mode or "none"})
 
 
+@lowers(aten.fmod.Scalar, aten.fmod.Tensor)
+def _fmod(ctx, a, b):
+    """C's remainder (the sign of the dividend) of integers, exactly: a - trunc(a / b) * b.
+    torch.roll's decomposition computes its indices this way (Swin's shifted windows).
+    Floating-point fmod stays in eager: that formula would round where fmod does not."""
+    va, vb = _operands(ctx, a, b)
+    if va.type.dtype.is_floating_point or vb.type.dtype.is_floating_point:
+        raise Unsupported("fmod of floating-point values")
+    quotient = ctx.add1("div", [va, vb], {"rounding": "trunc"})
+    return ctx.add1("sub", [va, ctx.add1("mul", [quotient, vb])])
+
+
 @lowers(aten.where.self)
 def _where(ctx, cond, a, b):
     va, vb = _operands(ctx, a, b)
