@@ -275,3 +275,27 @@ def test_floating_point_fmod_stays_in_eager_with_its_reason():
     with pytest.warns(OpweaveFallbackWarning, match="fmod of floating-point values"):
         compiled = opweave.compile(_FloatFmod(), (x,))
     torch.testing.assert_close(compiled(x), _FloatFmod()(x), rtol=0, atol=0)
+
+
+class _Pool1d(torch.nn.Module):
+    """Swin's pooler: adaptive_avg_pool1d decomposes into a mean and an as_strided."""
+
+    def forward(self, x):
+        return torch.nn.functional.adaptive_avg_pool1d(x.transpose(1, 2), 1).flatten(1) * 3
+
+
+class _Strided(torch.nn.Module):
+    def forward(self, x):
+        return torch.as_strided(x + 1, (3, 2), (1, 3)) * 2  # a transposing view
+
+
+def test_an_as_strided_that_is_a_reshape_lowers_and_others_stay_in_eager():
+    x = torch.randn(2, 5, 6)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(_Pool1d(), (x,))
+    torch.testing.assert_close(compiled(x), _Pool1d()(x))
+    y = torch.randn(2, 3)
+    with pytest.warns(OpweaveFallbackWarning, match="as_strided to a non-contiguous view"):
+        strided = opweave.compile(_Strided(), (y,))
+    torch.testing.assert_close(strided(y), _Strided()(y))

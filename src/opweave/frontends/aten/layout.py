@@ -1,6 +1,8 @@
 """Views and layout: reshape, permute, expand, slice, cat, split, repeat."""
 from __future__ import annotations
 
+import torch
+
 from ..lowering import Unsupported, lowers
 from .common import MAX_INDEX, _dims, _shape, aten
 
@@ -20,6 +22,27 @@ def reshape(ctx, v, shape):
 @lowers(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 def _view(ctx, x, shape):
     return reshape(ctx, ctx.value(x), shape)
+
+
+@lowers(aten.as_strided.default)
+def _as_strided(ctx, x, size, stride, storage_offset=None):
+    """The one as_strided that is a reshape: over an input laid out contiguously in its
+    storage (from its traced metadata), the contiguous layout of `size` with the same
+    number of elements (strides of size-1 dims are free). adaptive_avg_pool1d's
+    decomposition makes one (Swin's pooler); any other view of storage stays in eager."""
+    value = x.meta.get("val") if hasattr(x, "meta") else None
+    if not isinstance(value, torch.Tensor) or not value.is_contiguous() \
+            or value.storage_offset() != 0 or storage_offset:
+        raise Unsupported("as_strided of a tensor not contiguous in its storage")
+    expected = 1
+    for dim, want in reversed(list(zip(size, stride))):
+        if dim != 1 and want != expected:
+            raise Unsupported("as_strided to a non-contiguous view")
+        expected *= dim
+    v = ctx.value(x)
+    if expected != v.type.numel:
+        raise Unsupported("as_strided to a part of the storage")
+    return reshape(ctx, v, size)
 
 
 @lowers(aten.unsqueeze.default)
