@@ -30,6 +30,11 @@ def add_parsers(sub, default_path: str | None) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="MODEL: threads to tune for (default: torch's, i.e. all cores)")
     p.add_argument("--rounds", type=int, default=10, help="MODEL: timed calls per trial")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="MODEL: run trials as Ray tasks, on the cluster at ADDRESS or on a "
+                        "local one started for the run (needs the ray extra)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="MODEL --ray: trials at once (default: cores // threads)")
     p.set_defaults(func=run, default_db=default_path)
 
 
@@ -79,14 +84,27 @@ def _tune(args) -> int:
         print(f"opweave tune: {args.what!r} is neither {', '.join(ACTIONS)} nor a model; "
               f"models: {', '.join(BUILDERS)}", file=sys.stderr)
         return 2
+    import torch
+
+    from .runners import LocalRunner, RayRunner
+
     db = open_db(_path(args))
+    threads = args.threads or torch.get_num_threads()
+    try:
+        runner = (RayRunner(args.ray or None, args.workers, threads) if args.ray is not None
+                  else LocalRunner())
+    except RuntimeError as err:
+        print(f"opweave tune {args.what}: {err}", file=sys.stderr)
+        return 2
     print(f"tuning {args.what}{' (small)' if args.small else ''} into {db.path}", flush=True)
     try:
         result = tune_model(args.what, db, small=args.small, trials=args.trials,
-                            budget=args.budget, threads=args.threads, rounds=args.rounds,
-                            progress=lambda line: print("  " + line, flush=True))
+                            budget=args.budget, threads=threads, rounds=args.rounds,
+                            runner=runner, progress=lambda line: print("  " + line, flush=True))
     except WorkerFailed as err:
         print(f"opweave tune {args.what}: {err}", file=sys.stderr)
         return 1
+    finally:
+        runner.close()
     print(result.summary())
     return 0

@@ -81,9 +81,10 @@ def recall(key: str, db: TuningDB | None) -> Record | None:
 
 
 def remember(keys: list[tuple[str, str]], config: dict, seconds: float,
-             samples: dict[str, list[float]], db: TuningDB) -> None:
-    """Record `config` as the best for every graph in `keys` (one model's graphs)."""
-    descriptor = describe()
+             samples: dict[str, list[float]], db: TuningDB, descriptor: dict | None = None) -> None:
+    """Record `config` as the best for every graph in `keys` (one model's graphs), on the
+    target that measured it (default: this process)."""
+    descriptor = descriptor or describe()
     for digest, summary in keys:
         db.put(Record(KIND, digest, target_id(descriptor), summary, check(config), seconds,
                       samples), descriptor)

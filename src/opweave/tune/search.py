@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -117,91 +118,165 @@ def _load_trial(db: TuningDB, model: str, small: bool, config: dict, keys, targe
 
 def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | None = None,
                budget: float | None = None, threads: int | None = None, rounds: int = 10,
-               confirm: int = 3, seed: int = 0, timeout: float = 1800.0,
+               confirm: int = 3, seed: int = 0, timeout: float = 1800.0, runner=None,
                progress: Callable[[str], None] | None = None) -> TuneResult:
     """Search `model`'s configurations; record the best for each of its graphs in `db`.
     `trials`: at most this many measured trials (default: the whole space); `budget`:
-    seconds after which no new trial starts."""
-    import optuna
+    seconds after which no new trial starts; `runner`: where trials run (default: a
+    `runners.LocalRunner`, closed at the end; a runner passed in is left open)."""
     import torch
 
-    threads = threads or torch.get_num_threads()
-    descriptor = describe(threads)
-    target = target_id(descriptor)
-    say = progress or (lambda line: None)
-    start = time.perf_counter()
-    request = {"model": model, "small": small, "threads": threads, "rounds": rounds}
+    from .runners import LocalRunner
 
-    def measure(config: dict, keys=()) -> Trial:
-        try:
-            (trial,) = run_worker({**request, "configs": [config]}, timeout)
-        except WorkerFailed as err:  # a crash is remembered too, for the graphs it was on
-            trial = Trial(config, error=str(err), graph_keys=list(keys))
-        _save_trial(db, model, small, trial, descriptor)
+    threads = threads or torch.get_num_threads()
+    own = runner is None
+    runner = runner or LocalRunner()
+    search = _Search(model, db, small, {"model": model, "small": small, "threads": threads,
+                                        "rounds": rounds}, runner, timeout,
+                     progress or (lambda line: None))
+    try:
+        return search.run(trials, budget, confirm, seed)
+    finally:
+        if own:
+            runner.close()
+
+
+class _Search:
+    """One run of `tune_model`: the trials measured or read back, keyed by name."""
+
+    def __init__(self, model, db, small, request, runner, timeout, say):
+        self.model, self.db, self.small, self.request = model, db, small, request
+        self.runner, self.timeout, self.say = runner, timeout, say
+        self.start = time.perf_counter()
+        self.done: dict[str, Trial] = {}
+
+    def submit(self, configs_: list[dict], rounds: int | None = None):
+        request = {**self.request, "configs": configs_}
+        if rounds is not None:
+            request["rounds"] = rounds
+        return self.runner.submit(request, self.timeout)
+
+    def collect(self, future, config: dict, keys=()) -> Trial:
+        """The trial a finished single-configuration request measured, saved under the
+        target it ran on (a crash is remembered too, for the graphs it was on)."""
+        measured = _result(future, self.request["threads"])
+        trial = measured.trials[0] if measured.trials else Trial(
+            config, error=measured.error, graph_keys=list(keys))
+        _save_trial(self.db, self.model, self.small, trial, measured.descriptor)
         return trial
 
-    baseline = measure(dict(configs.DEFAULT))
-    if baseline.error:
-        raise WorkerFailed(f"{model} does not compile with the untuned configuration: "
-                           f"{baseline.error}")
-    keys = baseline.graph_keys
-    if not keys:
-        raise WorkerFailed(f"{model} has no graph opweave compiles (it runs in eager); "
-                           "there is nothing to tune")
-    say(f"trial 1: {configs.describe_config(baseline.config)}: {baseline.seconds * 1e3:.3f} ms")
-    done = {configs.describe_config(baseline.config): baseline}
-    for config in configs.all_configs():
-        trial = _load_trial(db, model, small, config, keys, target)
-        if trial is not None and configs.describe_config(config) not in done:
-            done[configs.describe_config(config)] = trial
-            say(f"resumed: {configs.describe_config(config)}: "
-                + (trial.error or f"{trial.seconds * 1e3:.3f} ms"))
+    def run(self, trials, budget, confirm, seed) -> TuneResult:
+        import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    space = {k: optuna.distributions.CategoricalDistribution(v) for k, v in configs.SPACE.items()}
-    study = optuna.create_study(direction="minimize",
-                                sampler=optuna.samplers.TPESampler(seed=seed))
-    for trial in done.values():
-        study.add_trial(_frozen(trial, space))
-    limit = trials if trials is not None else len(configs.all_configs())
-    measured, repeats = 1, 0
-    while (measured < limit and len(done) < len(configs.all_configs())
-           and (budget is None or time.perf_counter() - start < budget)):
-        asked = study.ask(space)
-        name = configs.describe_config(asked.params)
-        if name in done:  # TPE proposes a configuration again: answer from memory
-            _tell(study, asked, done[name])
-            repeats += 1
-            if repeats >= MAX_REPEATS:  # it keeps doing so: take the next unmeasured one
-                study.enqueue_trial(next(c for c in configs.all_configs()
-                                         if configs.describe_config(c) not in done))
-                repeats = 0
-            continue
-        trial = measure(dict(asked.params), keys)
-        done[name] = trial
-        measured += 1
-        _tell(study, asked, trial)
-        best = min(done.values(), key=lambda t: t.seconds)
-        say(f"trial {measured}: {name}: "
-            + (f"failed ({trial.error})" if trial.error else f"{trial.seconds * 1e3:.3f} ms")
-            + f"; best {configs.describe_config(best.config)} {best.seconds * 1e3:.3f} ms")
+        self.say(f"measuring {self.runner.describe()}")
+        baseline = self.collect(self.submit([dict(configs.DEFAULT)]), configs.DEFAULT)
+        if baseline.error:
+            raise WorkerFailed(f"{self.model} does not compile with the untuned "
+                               f"configuration: {baseline.error}")
+        keys = baseline.graph_keys
+        if not keys:
+            raise WorkerFailed(f"{self.model} has no graph opweave compiles (it runs in "
+                               "eager); there is nothing to tune")
+        self.say(f"trial 1: {configs.describe_config(baseline.config)}: "
+                 f"{baseline.seconds * 1e3:.3f} ms")
+        self.done[configs.describe_config(baseline.config)] = baseline
+        self._resume(keys)
 
-    ranked = sorted((t for t in done.values() if not t.error), key=lambda t: t.seconds)
-    finalists = [t.config for t in ranked[:confirm]]
-    if configs.DEFAULT not in finalists:
-        finalists.append(dict(configs.DEFAULT))
-    say(f"confirming {len(finalists)} configuration(s), interleaved")
-    confirmed = run_worker({**request, "configs": finalists, "rounds": 2 * rounds}, timeout)
-    usable = [t for t in confirmed if not t.error and t.graph_keys == keys]
-    if not usable:
-        raise WorkerFailed(f"the confirmation run of {model} measured nothing usable: "
-                           + "; ".join(t.error for t in confirmed))
-    best = min(usable, key=lambda t: t.seconds)
-    configs.remember(keys, best.config, best.seconds,
-                     {configs.describe_config(t.config): t.samples for t in usable}, db)
-    base = next((t for t in usable if t.config == configs.DEFAULT), baseline)
-    return TuneResult(model, best, base, list(done.values()), confirmed,
-                      time.perf_counter() - start)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        space = {k: optuna.distributions.CategoricalDistribution(v)
+                 for k, v in configs.SPACE.items()}
+        study = optuna.create_study(direction="minimize",
+                                    sampler=optuna.samplers.TPESampler(seed=seed))
+        for trial in self.done.values():
+            study.add_trial(_frozen(trial, space))
+        limit = trials if trials is not None else len(configs.all_configs())
+        measured, pending = 1, {}  # future -> (asked trial, name)
+        while True:
+            while (len(pending) < self.runner.slots and measured + len(pending) < limit
+                   and (budget is None or time.perf_counter() - self.start < budget)):
+                asked = self._ask(study, space, {name for _, name in pending.values()})
+                if asked is None:
+                    break
+                name = configs.describe_config(asked.params)
+                pending[self.submit([dict(asked.params)])] = (asked, name)
+            if not pending:
+                break
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in finished:
+                asked, name = pending.pop(future)
+                trial = self.done[name] = self.collect(future, dict(asked.params), keys)
+                measured += 1
+                _tell(study, asked, trial)
+                best = min(self.done.values(), key=lambda t: t.seconds)
+                self.say(f"trial {measured}: {name}: "
+                         + (f"failed ({trial.error})" if trial.error
+                            else f"{trial.seconds * 1e3:.3f} ms")
+                         + f"; best {configs.describe_config(best.config)} "
+                         f"{best.seconds * 1e3:.3f} ms")
+        return self._confirm(keys, baseline, confirm)
+
+    def _resume(self, keys) -> None:
+        target = target_id(describe(self.request["threads"]))
+        for config in configs.all_configs():
+            name = configs.describe_config(config)
+            trial = _load_trial(self.db, self.model, self.small, config, keys, target)
+            if trial is not None and name not in self.done:
+                self.done[name] = trial
+                self.say(f"resumed: {name}: " + (trial.error or f"{trial.seconds * 1e3:.3f} ms"))
+
+    def _ask(self, study, space, running: set[str]):
+        """A trial of a configuration neither measured nor running; None when none is
+        left. TPE may propose a measured one again: it is answered from memory (a running
+        one is pruned), and after MAX_REPEATS such proposals the next one is enqueued."""
+        import optuna
+
+        left = [c for c in configs.all_configs()
+                if configs.describe_config(c) not in self.done
+                and configs.describe_config(c) not in running]
+        if not left:
+            return None
+        for _ in range(MAX_REPEATS):
+            asked = study.ask(space)
+            name = configs.describe_config(asked.params)
+            if name in self.done:
+                _tell(study, asked, self.done[name])
+            elif name in running:
+                study.tell(asked, state=optuna.trial.TrialState.PRUNED)
+            else:
+                return asked
+        study.enqueue_trial(left[0])
+        return study.ask(space)
+
+    def _confirm(self, keys, baseline: Trial, confirm: int) -> TuneResult:
+        ranked = sorted((t for t in self.done.values() if not t.error), key=lambda t: t.seconds)
+        finalists = [t.config for t in ranked[:confirm]]
+        if configs.DEFAULT not in finalists:
+            finalists.append(dict(configs.DEFAULT))
+        self.say(f"confirming {len(finalists)} configuration(s), interleaved")
+        measured = _result(self.submit(finalists, rounds=2 * self.request["rounds"]),
+                           self.request["threads"])
+        usable = [t for t in measured.trials if not t.error and t.graph_keys == keys]
+        if not usable:
+            raise WorkerFailed(f"the confirmation run of {self.model} measured nothing usable: "
+                               + (measured.error or "; ".join(t.error for t in measured.trials)))
+        best = min(usable, key=lambda t: t.seconds)
+        configs.remember(keys, best.config, best.seconds,
+                         {configs.describe_config(t.config): t.samples for t in usable},
+                         self.db, measured.descriptor)
+        base = next((t for t in usable if t.config == configs.DEFAULT), baseline)
+        return TuneResult(self.model, best, base, list(self.done.values()), measured.trials,
+                          time.perf_counter() - self.start)
+
+
+def _result(future, threads: int):
+    """A runner's `Measured`; a task that failed outside the worker (a Ray node lost) is
+    a measurement of nothing, with the reason."""
+    from .runners import Measured
+
+    try:
+        return future.result()
+    except Exception as err:  # noqa: BLE001
+        return Measured([], f"{type(err).__name__}: {err}", describe(threads), "?")
 
 
 def _frozen(trial: Trial, space):
