@@ -162,3 +162,26 @@ def test_the_command_line(tmp_path, fake_worker, capsys):
     assert "trial 2:" in out and "xmlcnn: rewrite=" in out
     assert main(["tune", "show", "--db", db]) == 0
     assert "graph-config" in capsys.readouterr().out
+
+
+def test_tuning_the_torch_compile_path_records_what_torch_compile_uses(tmp_path, monkeypatch):
+    """torch.compile's (AOTAutograd, frozen) graphs differ from opweave.compile's, so they
+    are tuned through that path; the next torch.compile of the model finds the record."""
+    from opweave.frontends import torch_dynamo
+    from opweave.models import build
+
+    db_path = tmp_path / "t.sqlite"
+    result = search.tune_model("xmlcnn", open_db(db_path), small=True, trials=2, rounds=2,
+                               confirm=2, dynamo=True)
+    assert result.model == "xmlcnn via torch.compile"
+    monkeypatch.setenv("OPWEAVE_TUNING_DB", str(db_path))
+    bench = build("xmlcnn", small=True)
+    torch._dynamo.reset()
+    mark = torch_dynamo.compiled_graphs.mark()
+    compiled = torch.compile(bench.module.eval(), backend="opweave")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*bench.inputs), bench.module(*bench.inputs))
+    (program,) = torch_dynamo.compiled_graphs.since(mark)
+    (graph,) = program.compiled_graphs
+    assert configs.describe_config(result.best.config) in graph.report("tuned")
+    torch._dynamo.reset()

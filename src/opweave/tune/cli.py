@@ -30,6 +30,9 @@ def add_parsers(sub, default_path: str | None) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="MODEL: threads to tune for (default: torch's, i.e. all cores)")
     p.add_argument("--rounds", type=int, default=10, help="MODEL: timed calls per trial")
+    p.add_argument("--dynamo", action="store_true",
+                   help="MODEL: tune the graphs torch.compile(backend=\"opweave\") makes "
+                        "(they differ from opweave.compile's)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="MODEL: run trials as Ray tasks, on the cluster at ADDRESS or on a "
                         "local one started for the run (needs the ray extra)")
@@ -100,7 +103,7 @@ def _tune(args) -> int:
     try:
         result = tune_model(args.what, db, small=args.small, trials=args.trials,
                             budget=args.budget, threads=threads, rounds=args.rounds,
-                            runner=runner, progress=lambda line: print("  " + line, flush=True))
+                            runner=runner, dynamo=args.dynamo, progress=lambda line: print("  " + line, flush=True))
     except WorkerFailed as err:
         print(f"opweave tune {args.what}: {err}", file=sys.stderr)
         return 1

@@ -95,6 +95,7 @@ def run_worker(request: dict, timeout: float) -> list[Trial]:
 
 
 def _trial_workload(model: str, small: bool, config: dict) -> tuple[str, str]:
+    """`model` names the model and the path: "resnet50" or "resnet50 via torch.compile"."""
     text = f"{model}{' (small)' if small else ''}: {configs.describe_config(config)}"
     return hashlib.sha256(text.encode()).hexdigest()[:32], text
 
@@ -119,8 +120,11 @@ def _load_trial(db: TuningDB, model: str, small: bool, config: dict, keys, targe
 def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | None = None,
                budget: float | None = None, threads: int | None = None, rounds: int = 10,
                confirm: int = 3, seed: int = 0, timeout: float = 1800.0, runner=None,
+               dynamo: bool = False,
                progress: Callable[[str], None] | None = None) -> TuneResult:
     """Search `model`'s configurations; record the best for each of its graphs in `db`.
+    `dynamo`: tune the graphs `torch.compile(backend="opweave")` makes (under no_grad)
+    instead of those of `opweave.compile`.
     `trials`: at most this many measured trials (default: the whole space); `budget`:
     seconds after which no new trial starts; `runner`: where trials run (default: a
     `runners.LocalRunner`, closed at the end; a runner passed in is left open)."""
@@ -131,9 +135,10 @@ def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | N
     threads = threads or torch.get_num_threads()
     own = runner is None
     runner = runner or LocalRunner()
-    search = _Search(model, db, small, {"model": model, "small": small, "threads": threads,
-                                        "rounds": rounds}, runner, timeout,
-                     progress or (lambda line: None))
+    request = {"model": model, "small": small, "threads": threads, "rounds": rounds,
+               "path": "dynamo" if dynamo else "export"}
+    name = f"{model} via torch.compile" if dynamo else model
+    search = _Search(name, db, small, request, runner, timeout, progress or (lambda line: None))
     try:
         return search.run(trials, budget, confirm, seed)
     finally:

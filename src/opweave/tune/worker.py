@@ -2,8 +2,9 @@
 times them, in a process of its own, so a configuration that crashes or hangs the
 compiler kills only its worker (`python -m opweave.tune.worker REQUEST.json RESULT.json`).
 
-The request names the model (`opweave.models.build`), the configurations, the rounds and
-the thread count. The configurations are timed interleaved, one call of each per round,
+The request names the model (`opweave.models.build`), the path it is compiled through
+(`opweave.compile`, or `torch.compile(backend="opweave")` under no_grad, whose graphs
+differ), the configurations, the rounds and the thread count. The configurations are timed interleaved, one call of each per round,
 after checking each one's outputs against eager; the result gives, per configuration,
 every sample, the largest difference from eager, the compile time and the graph keys
 (tune/configs.py) its compile saw, or the error that stopped it.
@@ -11,10 +12,10 @@ every sample, the largest difference from eager, the compile time and the graph 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
-from dataclasses import replace
 from pathlib import Path
 
 from ..files import atomic_write
@@ -31,35 +32,59 @@ def _max_abs_diff(got, expected) -> float:
                 for g, e in pairs if isinstance(g, torch.Tensor)), default=0.0)
 
 
+PATHS = ("export", "dynamo")  # opweave.compile, or torch.compile(backend="opweave")
+
+
+def _compile(path: str, module, bench, config: dict, warmup: int):
+    """(callable, its output after `warmup` calls, the graph keys it compiled), with
+    `config` as the caller's explicit choice (so no tuned record replaces it)."""
+    import torch
+
+    if path == "dynamo":
+        from ..frontends import torch_dynamo
+
+        mark = torch_dynamo.compiled_graphs.mark()
+        compiled = torch.compile(module, backend="opweave", options=dict(config))
+        for _ in range(warmup):  # Dynamo compiles at the first call; then record, check
+            out = compiled(*bench.inputs)
+        programs = torch_dynamo.compiled_graphs.since(mark)
+    else:
+        from ..frontends.torch_export import compile as opweave_compile
+
+        compiled = opweave_compile(module, bench.inputs, name=bench.name,
+                                   rewrite=config["rewrite"], fusion=config["fusion"])
+        for _ in range(warmup):  # record, check, then the native plan
+            out = compiled(*bench.inputs)
+        programs = [compiled.program] if compiled.program is not None else []
+    keys = [list(g.key) for p in programs for g in p.compiled_graphs if g.key]
+    return compiled, out, keys
+
+
 def measure(request: dict) -> dict:
     import torch
 
-    from ..frontends.torch_export import compile as opweave_compile
     from ..models import build
-    from ..options import Options
-    from ..pipeline import RewriteOptions
 
+    os.environ["OPWEAVE_NATIVE"] = "wait"  # timed calls run the native plan, never Python
     torch.set_num_threads(request["threads"])
     bench = build(request["model"], request.get("small", False))
     module = bench.module.eval()
-    base = replace(Options.resolve(), tuned=False, native="wait")
+    path = request.get("path", "export")
+    if path not in PATHS:
+        raise ValueError(f"unknown path {path!r}; known: {', '.join(PATHS)}")
     results, calls = [], []
     with torch.no_grad():
         expected = module(*bench.inputs)
         for config in request["configs"]:
-            options = replace(base, rewrite=RewriteOptions.resolve(config["rewrite"]),
-                              fusion=config["fusion"])
             start = time.perf_counter()
             try:
-                compiled = opweave_compile(module, bench.inputs, name=bench.name, options=options)
-                for _ in range(request.get("warmup", 3)):  # record, check, then the native plan
-                    out = compiled(*bench.inputs)
+                compiled, out, keys = _compile(path, module, bench, config,
+                                               request.get("warmup", 3))
             except Exception as err:  # noqa: BLE001  (reported as this configuration's failure)
                 results.append({"config": config, "error": f"{type(err).__name__}: {err}"})
                 calls.append(None)
                 continue
             diff = _max_abs_diff(out, expected)
-            keys = [list(g.key) for g in compiled.program.compiled_graphs if g.key]
             results.append({"config": config, "compile_s": time.perf_counter() - start,
                             "max_abs_diff": diff, "graph_keys": keys, "samples": []})
             if diff > TOLERANCE:
