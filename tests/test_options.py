@@ -11,7 +11,8 @@ from opweave.options import Options
 
 def test_defaults_without_environment():
     options = Options.from_env({})
-    assert options == Options()
+    assert options == Options(tuned=True)  # from the environment: tuned records are used
+    assert not Options().tuned  # an Options a caller writes says what it wants
     assert options.fusion == "ilp" and options.rewrite.engine == "eqsat"
     assert options.measure and not options.deterministic and options.debug_dir is None
 

@@ -55,8 +55,11 @@ class Options:
     # "background" builds its module in a thread, "wait" before the first replay, or "off"
     native: str = "background"
     # compile each graph with the configuration (rewrite, fusion) `opweave tune` recorded
-    # for it on this machine, when there is one; off when the caller chose them
-    tuned: bool = True
+    # for it on this machine, when there is one. On for options built from the
+    # environment (what opweave.compile and torch.compile use by default) unless the
+    # caller chose rewrite or fusion; off for an `Options(...)` a caller wrote, which
+    # says what it wants
+    tuned: bool = False
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)

@@ -24,7 +24,7 @@ from .files import atomic_write
 from .ir import Graph, verify
 from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
-from .options import Options, RewriteOptions
+from .options import Options
 from .runtime import Executor
 
 
@@ -188,20 +188,30 @@ class CompiledGraph:
         return next((r.detail for r in self.reports if r.name == name), None)
 
 
+class TuningWarning(OpweaveFallbackWarning):
+    """The tuning database could not be read for a compile; it compiled untuned."""
+
+
 def _tuned_options(graph: Graph, key: str, options: Options) -> tuple[Options, PassReport | None]:
     """`options` with the configuration `opweave tune` recorded for this graph on this
-    machine (tune/configs.py), and a report line saying so; unchanged without one."""
+    machine (tune/configs.py), and a report line saying so; unchanged without one, or
+    when the database cannot be read (a cache never stops a compile)."""
     if not options.tuned or options.tuning_db is None:
         return options, None
     start = time.perf_counter()
-    record = configs.recall(key, tune.open_db(options.tuning_db))
+    try:
+        record = configs.recall(key, tune.open_db(options.tuning_db))
+    except Exception as err:  # noqa: BLE001  (an unreadable database: compile untuned)
+        warn_once(f"opweave: the tuning database {options.tuning_db} could not be read, so "
+                  f"graphs compile untuned: {type(err).__name__}: {err}", TuningWarning)
+        return options, None
     if record is None:
         return options, None
     detail = (f"{configs.describe_config(record.config)} from the tuning database "
               f"(model measured at {record.seconds * 1e3:.3f} ms)")
     size = len(graph.nodes)
-    tuned = replace(options, rewrite=RewriteOptions.resolve(record.config["rewrite"]),
-                    fusion=record.config["fusion"])  # (replace re-applies `deterministic`)
+    rewrite = replace(options.rewrite, **configs.REWRITE_MODES[record.config["rewrite"]])
+    tuned = replace(options, rewrite=rewrite, fusion=record.config["fusion"])
     return tuned, PassReport("tuned", time.perf_counter() - start, size, size, detail)
 
 
@@ -219,5 +229,5 @@ def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
     return CompiledGraph(graph, executor, run.reports, key, options)
 
 
-__all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "CompiledGraph", "compile_graph",
+__all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "TuningWarning", "CompiledGraph", "compile_graph",
            "GRAPH_PASSES"]

@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import opweave
 from opweave.frontends.program import OpweaveFallbackWarning
@@ -265,6 +266,33 @@ def test_integer_fmod_and_roll_lower_without_fallback():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+class _Fmod(torch.nn.Module):
+    def __init__(self, divisor):
+        super().__init__()
+        self.divisor = divisor
+
+    def forward(self, a, b):
+        return torch.fmod(a, b), torch.fmod(a, self.divisor), a.fmod(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.int8, torch.uint8])
+@pytest.mark.parametrize("divisor", [3, -3, -1])
+def test_integer_fmod_matches_torch_at_the_edges(dtype, divisor):
+    """Negative operands, small types (a Python divisor is cast as torch casts it), and
+    INT_MIN % -1, which a plain truncating division would trap on."""
+    info = torch.iinfo(dtype)
+    a = torch.tensor([info.min, info.min + 1, -7, -1, 0, 1, 7, info.max], dtype=dtype)
+    b = torch.tensor([-1, 3, -2, -1, 5, 2, -3, -1], dtype=dtype) if dtype.is_signed else \
+        torch.tensor([1, 3, 2, 1, 5, 2, 3, 1], dtype=dtype)
+    model = _Fmod(divisor)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, (a, b))
+    for got, want in zip(compiled(a, b), model(a, b)):
+        assert got.dtype == want.dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 class _FloatFmod(torch.nn.Module):
     def forward(self, x):
         return torch.fmod(x, 0.3) + 1
@@ -299,3 +327,59 @@ def test_an_as_strided_that_is_a_reshape_lowers_and_others_stay_in_eager():
     with pytest.warns(OpweaveFallbackWarning, match="as_strided to a non-contiguous view"):
         strided = opweave.compile(_Strided(), (y,))
     torch.testing.assert_close(strided(y), _Strided()(y))
+
+
+class _Attention(torch.nn.Module):
+    """Causal attention with fewer queries than keys (torch aligns the mask top-left),
+    an additive mask, and a projection to train."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, q, k, v, bias):
+        causal = F.scaled_dot_product_attention(self.proj(q), k, v, is_causal=True)
+        masked = F.scaled_dot_product_attention(q, k, v, attn_mask=bias)
+        return causal + masked
+
+
+def _attention_inputs():
+    torch.manual_seed(0)
+    return (torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4),
+            torch.randn(1, 1, 3, 5))
+
+
+def test_inference_attention_runs_fused():
+    model, inputs = _Attention().eval(), _attention_inputs()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        compiled = opweave.compile(model, inputs)
+    assert sum(g.op_counts().get("attention", 0) for g in compiled.graphs) == 2
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(*inputs), model(*inputs))
+
+
+def test_training_attention_math_form_matches_eager_gradients():
+    """The backward reads the logsumexp, so training graphs take the math form, whose
+    causal mask must be aligned as torch's (it was bottom-right when queries < keys)."""
+    model, inputs = _Attention(), _attention_inputs()
+    loss = _SumLoss(model)
+    step = opweave.compile(loss, inputs, train=True)
+    got = step(*inputs)
+    got.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    expected = loss(*inputs)
+    expected.backward()
+    torch.testing.assert_close(got, expected)
+    for g, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(g, p.grad)
+
+
+class _SumLoss(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, *inputs):
+        return (self.model(*inputs) ** 2).sum()

@@ -120,12 +120,24 @@ def _tensors():
     torch.manual_seed(0)
     sparse = torch.eye(4).to_sparse()
     return [torch.randn(8, 6), torch.randn(6, 8).t(), torch.randn(0, 3), sparse,
-            torch.arange(10), torch.nn.Parameter(torch.randn(5))]
+            torch.arange(10), torch.nn.Parameter(torch.randn(5)), torch.randn(9, 4)[2:7, ::2]]
+
+
+def _write_middle_element_only(t):
+    """Change only the element the stamp samples (numel // 2 in row-major order)."""
+    flat_index, index = t.numel() // 2, []
+    for size in reversed(t.shape):
+        index.append(flat_index % size)
+        flat_index //= size
+    t.data[tuple(reversed(index))] += 1
 
 
 CHANGES = {
     "versioned write": lambda ts: ts[0].add_(1),
-    "write to a strided view's middle element": lambda ts: ts[1].data.mul_(2),
+    "write to a transposed view's sampled element only": lambda ts: _write_middle_element_only(ts[1]),
+    "write to a sliced tensor's sampled element only": lambda ts: _write_middle_element_only(ts[6]),
+    "same storage, transposed": lambda ts: setattr(ts[1], "data", ts[1].data.t()),
+    "same storage, other shape": lambda ts: setattr(ts[0], "data", ts[0].data.view(6, 8)),
     "write through .data": lambda ts: ts[4].data.add_(1),
     "new storage": lambda ts: setattr(ts[5], "data", torch.randn(5)),
     "sparse tensor changed": lambda ts: ts[3].mul_(2),

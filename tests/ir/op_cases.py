@@ -317,6 +317,40 @@ def sparse_mm_case(draw):
 
 
 @st.composite
+def attention_case(draw):
+    """Fused attention against its math form: causal (top-left, as torch aligns it) and a
+    bool (keep) or additive mask; key 0 is always kept, so no row is wholly masked."""
+    batch, heads = draw(st.integers(1, 2)), draw(st.integers(1, 2))
+    length, source, dim = (draw(st.integers(1, 5)) for _ in range(3))
+    dtype = draw(st.sampled_from(FLOATS))
+    q, k, v = (tensor(s, dtype) for s in ((batch, heads, length, dim), (batch, heads, source, dim),
+                                          (batch, heads, source, dim)))
+    attrs = {"scale": draw(st.floats(0.1, 1.0)), "causal": draw(st.booleans())}
+    mask_kind = draw(st.sampled_from(["none", "bool", "additive"]))
+    mask_shape = draw(st.sampled_from([(batch, heads, length, source), (1, 1, length, source),
+                                       (batch, 1, 1, source), (source,)]))
+    inputs = [q, k, v]
+    if mask_kind == "bool":
+        keep = torch.rand(mask_shape) < 0.6
+        keep[..., 0] = True
+        inputs.append(keep)
+    elif mask_kind == "additive":
+        inputs.append(tensor(mask_shape, dtype))
+
+    def eager(q, k, v, mask=None):
+        scores = (q @ k.transpose(-1, -2)) * attrs["scale"]
+        if attrs["causal"]:
+            scores = scores.masked_fill(~torch.ones(length, source, dtype=torch.bool).tril(),
+                                        float("-inf"))
+        if mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
+        return torch.softmax(scores, -1) @ v
+    return Case(inputs, attrs, eager)
+
+
+@st.composite
 def pool_params(draw):
     kernel = [draw(st.integers(1, 3)) for _ in range(2)]
     stride = [draw(st.integers(1, 3)) for _ in range(2)]
@@ -506,7 +540,7 @@ CASES = {
     "reshape": reshape_case(), "permute": permute_case(), "expand": expand_case(),
     "slice": slice_case(), "cat": cat_case(),
     "matmul": matmul_case(), "conv": conv_case(), "conv_backward": conv_backward_case(),
-    "sparse_mm": sparse_mm_case(),
+    "sparse_mm": sparse_mm_case(), "attention": attention_case(),
     "max_pool2d": max_pool_case(), "max_pool2d_backward": max_pool_backward_case(),
     "adaptive_max_pool2d": adaptive_case(), "adaptive_max_pool2d_backward": adaptive_backward_case(),
     "dropout": dropout_case(),

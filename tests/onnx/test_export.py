@@ -92,3 +92,23 @@ def test_adaptive_max_pooling_to_an_empty_axis_is_refused_clearly():
     }""", {})
     with pytest.raises(OnnxExportError, match="empty axis"):
         export(g)
+
+
+@pytest.mark.parametrize("mask", ["none", "bool", "additive"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_attention_exports_in_its_math_form(mask, causal):
+    torch.manual_seed(0)
+    g = Graph("g")
+    q = g.add_input("q", TensorType((1, 2, 3, 4), torch.float32))
+    k = g.add_input("k", TensorType((1, 2, 5, 4), torch.float32))
+    v = g.add_input("v", TensorType((1, 2, 5, 4), torch.float32))
+    inputs = [torch.randn(1, 2, 3, 4), torch.randn(1, 2, 5, 4), torch.randn(1, 2, 5, 4)]
+    operands = [q, k, v]
+    if mask != "none":
+        dtype = torch.bool if mask == "bool" else torch.float32
+        operands.append(g.add_input("m", TensorType((1, 1, 3, 5), dtype)))
+        inputs.append(torch.rand(1, 1, 3, 5) < 0.7 if mask == "bool" else torch.randn(1, 1, 3, 5))
+        if mask == "bool":
+            inputs[-1][..., 0] = True  # no row wholly masked
+    g.outputs = [g.add1("attention", operands, {"scale": 0.4, "causal": causal})]
+    _agree(g, *inputs)

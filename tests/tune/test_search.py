@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import sys
 import textwrap
-from dataclasses import replace
 
 import pytest
 import torch
@@ -44,7 +43,7 @@ def _model():
 def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path, monkeypatch):
     model, x = _model(), torch.randn(4, 16)
     monkeypatch.setenv("OPWEAVE_TUNING_DB", str(tmp_path / "t.sqlite"))  # for explain
-    options = Options(tuning_db=str(tmp_path / "t.sqlite"))
+    options = Options(tuning_db=str(tmp_path / "t.sqlite"), tuned=True)
     first = opweave.compile(model, (x,), options=options)
     (graph,) = first.program.compiled_graphs
     assert graph.report("tuned") is None and graph.options.fusion == "ilp"
@@ -65,8 +64,39 @@ def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path, monk
     chosen = opweave.compile(model, (x,), fusion="ilp", options=options)  # the caller decides
     (graph,) = chosen.program.compiled_graphs
     assert graph.report("tuned") is None and graph.options.fusion == "ilp"
-    untuned = opweave.compile(model, (x,), options=replace(options, tuned=False))
-    assert untuned.program.compiled_graphs[0].report("tuned") is None
+    written = opweave.compile(model, (x,), options=Options(tuning_db=options.tuning_db))
+    assert written.program.compiled_graphs[0].report("tuned") is None  # Options(...) as given
+    from_env = opweave.compile(model, (x,))  # options from the environment: tuned
+    assert "fusion=off" in from_env.program.compiled_graphs[0].report("tuned")
+
+
+def test_a_tuned_configuration_keeps_the_callers_other_rewrite_settings(tmp_path):
+    from opweave.passes.rewrite.pipeline import RewriteOptions
+    from opweave.pipeline import _tuned_options
+
+    graph = parse_graph(GRAPH.format(name="a", n=4, loc=""))
+    key = configs.graph_key(graph)
+    db_path = str(tmp_path / "t.sqlite")
+    configs.remember([key], {"rewrite": "greedy", "fusion": "greedy"}, 1e-3, {}, open_db(db_path))
+    mine = RewriteOptions(rulesets=("algebra",), ilp_seconds=1.5)
+    options = Options(rewrite=mine, tuning_db=db_path, tuned=True)
+    tuned, report = _tuned_options(graph, key[0], options)
+    assert tuned.rewrite.extractor == "greedy" and tuned.fusion == "greedy"
+    assert tuned.rewrite.rulesets == ("algebra",) and tuned.rewrite.ilp_seconds == 1.5
+    assert report.name == "tuned"
+
+
+def test_an_unreadable_database_compiles_untuned_with_a_warning(tmp_path):
+    from opweave import notices
+    from opweave.pipeline import TuningWarning, _tuned_options
+
+    graph = parse_graph(GRAPH.format(name="a", n=4, loc=""))
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    options = Options(tuning_db=str(blocker / "t.sqlite"), tuned=True)
+    notices._WARNED.clear()
+    with pytest.warns(TuningWarning, match="could not be read"):
+        assert _tuned_options(graph, "k", options) == (options, None)
 
 
 def test_the_environment_can_turn_tuned_configurations_off():
@@ -86,6 +116,9 @@ FAKE_WORKER = textwrap.dedent("""
     for config in request["configs"]:
         if config["fusion"] == "greedy":
             os.abort()
+        if config == {"rewrite": "off", "fusion": "ilp"}:  # a compile that raises
+            results.append({"config": config, "error": "RuntimeError: cannot lower"})
+            continue
         ms = {"eqsat": 3.0, "greedy": 2.0, "off": 4.0}[config["rewrite"]]
         ms += {"ilp": 0.0, "off": 0.5}[config["fusion"]]
         results.append({"config": config, "samples": [ms / 1e3] * request["rounds"],
@@ -110,9 +143,11 @@ def test_the_search_finds_the_best_survives_crashes_and_resumes(tmp_path, fake_w
     result = search.tune_model("xmlcnn", db, small=True, rounds=3, progress=lines.append)
     assert result.best.config == {"rewrite": "greedy", "fusion": "ilp"}
     assert result.baseline.config == configs.DEFAULT
-    crashed = [t for t in result.trials if t.error]
+    crashed = [t for t in result.trials if t.transient]
     assert {t.config["fusion"] for t in crashed} == {"greedy"} and len(crashed) == 3
     assert all("exited with status" in t.error for t in crashed)
+    (raised,) = [t for t in result.trials if t.error and not t.transient]
+    assert raised.config == {"rewrite": "off", "fusion": "ilp"} and "cannot lower" in raised.error
     assert len(result.trials) == len(configs.all_configs())  # the whole space, each once
     record = db.get(configs.KIND, "k" * 32, target_id(describe()))
     assert record.config == {"rewrite": "greedy", "fusion": "ilp"}
@@ -121,8 +156,11 @@ def test_the_search_finds_the_best_survives_crashes_and_resumes(tmp_path, fake_w
 
     requests = len(fake_worker())
     again = search.tune_model("xmlcnn", db, small=True, rounds=3)
-    assert sum(not t.resumed for t in again.trials) == 1  # the baseline only
-    assert len(fake_worker()) == requests + 2  # the baseline and the confirmation
+    # measured again: the baseline and the three whose worker died (perhaps the machine's
+    # doing); read back: the four measured and the one whose compile raised
+    remeasured = [t.config for t in again.trials if not t.resumed]
+    assert len(remeasured) == 4 and configs.DEFAULT in remeasured
+    assert len(fake_worker()) == requests + 5  # those four and the confirmation
     assert again.best.config == result.best.config
 
 

@@ -138,11 +138,13 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
 
     prepared, notes = _with_fallback_notes(lambda: _infer_torch(bench, compile_))
     if tuned:
-        used = [r.detail for g in compiled[-1].program.compiled_graphs for r in g.reports
+        program = compiled[-1].program if compiled else None
+        used = [r.detail for g in (program.compiled_graphs if program else []) for r in g.reports
                 if r.name == "tuned"]
         if not used:
-            raise Unavailable(f"no configuration tuned for {bench.name} on this machine in the "
-                              f"tuning database: run `opweave tune {bench.name}` first")
+            raise Unavailable(f"no configuration tuned for {bench.name} with {threads} thread(s) "
+                              f"on this machine in the tuning database: run `opweave tune "
+                              f"{bench.name} --threads {threads}` first")
         notes.append("tuned: " + "; ".join(dict.fromkeys(d.split(" from ")[0] for d in used)))
     notes += _program_notes([compiled[-1].program] if compiled else [])
     prepared.note = "; ".join(notes)

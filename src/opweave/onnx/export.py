@@ -161,6 +161,8 @@ def _write_node(w: _Writer, node: Node) -> None:
         _adaptive_max_pool(w, node, ins[0], outs[0])
     elif op == "sparse_mm":
         _sparse_mm(w, node, ins, outs[0])
+    elif op == "attention":
+        _attention(w, node, ins, outs[0])
     elif op in _REDUCE:
         w.op(_REDUCE[op], [ins[0], w.ints(a["dims"], "axes")], outs, keepdims=int(a["keepdim"]))
     elif op == "any":
@@ -251,6 +253,26 @@ def _sparse_mm(w: _Writer, node: Node, ins: list[str], out: str) -> None:
     zeros = w.const(np.zeros((rows_cols[0], width), dtype=torch.empty(0, dtype=dtype).numpy().dtype), "zeros")
     w.op("ScatterND", [zeros, w.op1("Transpose", [row], perm=[1, 0]), updates], [out],
          reduction="add")
+
+
+def _attention(w: _Writer, node: Node, ins: list[str], out: str) -> None:
+    """The fused attention in its math form: softmax(scale q k^T, masked) v."""
+    q, k, v = ins[:3]
+    length, source = node.inputs[0].type.shape[2], node.inputs[1].type.shape[2]
+    dtype = node.outputs[0].type.dtype
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    scores = w.op1("Mul", [w.op1("MatMul", [q, w.op1("Transpose", [k], perm=[0, 1, 3, 2])]),
+                           w.const(np.array(node.attrs["scale"], np_dtype), "scale")])
+    minus_inf = w.const(np.array(-np.inf, np_dtype), "minus_inf")
+    if node.attrs["causal"]:
+        keep = w.const(np.tril(np.ones((length, source), dtype=bool)), "causal")
+        scores = w.op1("Where", [keep, scores, minus_inf])
+    if len(ins) == 4:
+        if node.inputs[3].type.dtype == torch.bool:
+            scores = w.op1("Where", [ins[3], scores, minus_inf])
+        else:
+            scores = w.op1("Add", [scores, ins[3]])
+    w.op("MatMul", [w.op1("Softmax", [scores], axis=-1), v], [out])
 
 
 def _value_info(name: str, value: Value) -> onnx.ValueInfoProto:

@@ -258,9 +258,10 @@ class Plan {
 };
 
 // What a sequence of CPU tensors looked like when a plan was built from them (the native
-// form of frontends/weights.TensorStamp, with the same four checks): the same tensor
-// objects, the same version counters, the same storage, and the same bytes in each one's
-// middle element (which sees writes through `.data`, whose version counter is separate).
+// form of frontends/weights.TensorStamp, with the same checks): the same tensor objects,
+// the same version counters, the same sizes, strides and storage, and the same bytes in
+// each one's middle element (which sees writes through `.data`, whose version counter is
+// separate).
 class Stamp {
  public:
   explicit Stamp(const std::vector<at::Tensor>& tensors) : tensors_(tensors) {
@@ -268,6 +269,8 @@ class Stamp {
       TORCH_CHECK(t.device().is_cpu(), "a native stamp takes CPU tensors only");
       versions_.push_back(t._version());
       bool strided = t.layout() == at::kStrided;
+      sizes_.push_back(strided ? t.sizes().vec() : std::vector<int64_t>());
+      strides_.push_back(strided ? t.strides().vec() : std::vector<int64_t>());
       pointers_.push_back(strided ? t.data_ptr() : nullptr);
       const char* sample = strided ? middle_element(t) : nullptr;
       samples_.emplace_back(sample, sample ? sample + t.element_size() : sample);
@@ -284,8 +287,11 @@ class Stamp {
       if (t.unsafeGetTensorImpl() != was.unsafeGetTensorImpl() || t._version() != versions_[i]) {
         return false;
       }
-      if (pointers_[i] == nullptr) continue;  // sparse: identity and version only
-      if (t.data_ptr() != pointers_[i]) return false;
+      if (t.layout() != at::kStrided) continue;  // sparse: identity and version only
+      if (t.sizes() != c10::IntArrayRef(sizes_[i]) || t.strides() != c10::IntArrayRef(strides_[i]) ||
+          t.data_ptr() != pointers_[i]) {
+        return false;
+      }
       const std::string& sample = samples_[i];
       if (!sample.empty() && std::memcmp(middle_element(t), sample.data(), sample.size()) != 0) {
         return false;
@@ -295,19 +301,24 @@ class Stamp {
   }
 
  private:
-  // The address of element numel/2 in row-major order (as TensorStamp samples it).
+  // The address of element numel/2 in row-major order (as TensorStamp samples it), or
+  // null when there are no bytes to read (no elements, or storage without data).
   static const char* middle_element(const at::Tensor& t) {
-    if (t.numel() == 0) return nullptr;
+    if (t.numel() == 0 || !t.has_storage() || t.data_ptr() == nullptr) return nullptr;
     int64_t rest = t.numel() / 2, offset = 0;
     for (int64_t d = t.dim() - 1; d >= 0; --d) {
       offset += (rest % t.size(d)) * t.stride(d);
       rest /= t.size(d);
     }
+    int64_t bytes = static_cast<int64_t>(t.storage().nbytes());
+    int64_t at = (t.storage_offset() + offset) * static_cast<int64_t>(t.element_size());
+    if (at < 0 || at + static_cast<int64_t>(t.element_size()) > bytes) return nullptr;
     return static_cast<const char*>(t.data_ptr()) + offset * t.element_size();
   }
 
   std::vector<at::Tensor> tensors_;  // held, so an address is never reused while compared
   std::vector<int64_t> versions_;
+  std::vector<std::vector<int64_t>> sizes_, strides_;
   std::vector<const void*> pointers_;
   std::vector<std::string> samples_;
 };

@@ -104,7 +104,7 @@ def _tune(args) -> int:
         result = tune_model(args.what, db, small=args.small, trials=args.trials,
                             budget=args.budget, threads=threads, rounds=args.rounds,
                             runner=runner, dynamo=args.dynamo, progress=lambda line: print("  " + line, flush=True))
-    except WorkerFailed as err:
+    except (WorkerFailed, ValueError) as err:
         print(f"opweave tune {args.what}: {err}", file=sys.stderr)
         return 1
     finally:

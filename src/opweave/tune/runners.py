@@ -70,8 +70,13 @@ class RayRunner:
                 workers = workers or max(1, (os.cpu_count() or 1) // threads)
                 ray.init(num_cpus=workers * threads, include_dashboard=False,
                          log_to_driver=False)
-        cpus = int(ray.cluster_resources().get("CPU", threads))
-        self.slots = max(1, min(workers or cpus // threads, cpus // threads))
+        nodes = [n.get("Resources", {}).get("CPU", 0) for n in ray.nodes() if n.get("Alive")]
+        if max(nodes, default=0) < threads:
+            self.close()
+            raise RuntimeError(f"no node of the Ray cluster has {threads} CPUs for a trial of "
+                               f"{threads} thread(s) (nodes: {nodes}); pass fewer --threads")
+        slots = int(sum(n // threads for n in nodes))
+        self.slots = max(1, min(workers or slots, slots))
         self._task = ray.remote(num_cpus=threads, max_retries=0)(measure)
         self._where = f"on Ray ({address or 'a local cluster'}), {self.slots} worker(s)"
 

@@ -47,6 +47,10 @@ class Trial:
     error: str = ""
     graph_keys: list[tuple[str, str]] = field(default_factory=list)
     resumed: bool = False  # read back from the database, not measured in this run
+    # no worker answered (it died, timed out, its Ray task was lost): possibly the
+    # machine's doing, so a later run measures it again; a failure the worker reported
+    # (the compile raised, the outputs differ) is remembered
+    transient: bool = False
 
     @property
     def seconds(self) -> float:
@@ -104,14 +108,17 @@ def _save_trial(db: TuningDB, model: str, small: bool, trial: Trial, descriptor:
     digest, text = _trial_workload(model, small, trial.config)
     seconds = trial.seconds if math.isfinite(trial.seconds) else 1e9  # failed: never best
     db.put(Record(TRIAL_KIND, digest, target_id(descriptor), text,
-                  {"config": trial.config, "graph_keys": trial.graph_keys, "error": trial.error},
+                  {"config": trial.config, "graph_keys": trial.graph_keys, "error": trial.error,
+                   "transient": trial.transient},
                   seconds, {"calls": trial.samples}), descriptor)
 
 
 def _load_trial(db: TuningDB, model: str, small: bool, config: dict, keys, target: str):
-    """The recorded trial of `config`, if it was measured on the same graphs here."""
+    """The recorded trial of `config`, if it was measured on the same graphs on `target`
+    (a transient failure is not: it is measured again)."""
     record = db.get(TRIAL_KIND, _trial_workload(model, small, config)[0], target)
-    if record is None or [tuple(k) for k in record.config.get("graph_keys", [])] != keys:
+    if record is None or record.config.get("transient") \
+            or [tuple(k) for k in record.config.get("graph_keys", [])] != keys:
         return None
     return Trial(config, record.samples.get("calls", []), record.config.get("error", ""), keys,
                  resumed=True)
@@ -132,11 +139,13 @@ def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | N
 
     from .runners import LocalRunner
 
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     threads = threads or torch.get_num_threads()
     own = runner is None
     runner = runner or LocalRunner()
     request = {"model": model, "small": small, "threads": threads, "rounds": rounds,
-               "path": "dynamo" if dynamo else "export"}
+               "path": "dynamo" if dynamo else "export", "tuning_db": str(db.path)}
     name = f"{model} via torch.compile" if dynamo else model
     search = _Search(name, db, small, request, runner, timeout, progress or (lambda line: None))
     try:
@@ -165,9 +174,15 @@ class _Search:
         """The trial a finished single-configuration request measured, saved under the
         target it ran on (a crash is remembered too, for the graphs it was on)."""
         measured = _result(future, self.request["threads"])
-        trial = measured.trials[0] if measured.trials else Trial(
-            config, error=measured.error, graph_keys=list(keys))
+        if measured.trials:
+            trial = measured.trials[0]
+            if trial.error and not trial.graph_keys:  # its compile raised before any graph
+                trial.graph_keys = list(keys)
+        else:
+            trial = Trial(config, error=measured.error, graph_keys=list(keys), transient=True)
         _save_trial(self.db, self.model, self.small, trial, measured.descriptor)
+        if not self.done:  # the baseline: its target is where earlier trials are looked up
+            self.target = target_id(measured.descriptor)
         return trial
 
     def run(self, trials, budget, confirm, seed) -> TuneResult:
@@ -221,10 +236,10 @@ class _Search:
         return self._confirm(keys, baseline, confirm)
 
     def _resume(self, keys) -> None:
-        target = target_id(describe(self.request["threads"]))
+        """Read back the trials measured before on the target the baseline ran on."""
         for config in configs.all_configs():
             name = configs.describe_config(config)
-            trial = _load_trial(self.db, self.model, self.small, config, keys, target)
+            trial = _load_trial(self.db, self.model, self.small, config, keys, self.target)
             if trial is not None and name not in self.done:
                 self.done[name] = trial
                 self.say(f"resumed: {name}: " + (trial.error or f"{trial.seconds * 1e3:.3f} ms"))

@@ -66,6 +66,8 @@ def measure(request: dict) -> dict:
     from ..models import build
 
     os.environ["OPWEAVE_NATIVE"] = "wait"  # timed calls run the native plan, never Python
+    if request.get("tuning_db"):  # the kernels' measured choices go where the search's do
+        os.environ["OPWEAVE_TUNING_DB"] = request["tuning_db"]
     torch.set_num_threads(request["threads"])
     bench = build(request["model"], request.get("small", False))
     module = bench.module.eval()

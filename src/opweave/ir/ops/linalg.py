@@ -35,6 +35,48 @@ define("matmul", 2, MANY, _matmul_shape, _same_float_dtype, torch.matmul, flops=
        impl_out=lambda ins, a, out: torch.matmul(*ins, out=out))
 
 
+def _attention_shape(ins, attrs):
+    if len(ins) not in (3, 4):
+        raise ShapeError(f"attention takes query, key, value and an optional mask; got {len(ins)}")
+    q, k, v = ins[:3]
+    if q.rank != 4 or k.rank != 4 or v.rank != 4:
+        raise ShapeError(f"attention: query {q}, key {k}, value {v} must be [batch, heads, seq, dim]")
+    if k.shape[:2] != q.shape[:2] or v.shape[:3] != k.shape[:3] or k.shape[3] != q.shape[3] \
+            or v.shape[3] != q.shape[3]:  # (torch's fused kernel needs one head size)
+        raise ShapeError(f"attention: query {q}, key {k} and value {v} do not match")
+    scores = q.shape[:3] + (k.shape[2],)
+    if len(ins) == 4 and (ins[3].rank > 4 or broadcast(ins[3].shape, scores) != scores):
+        raise ShapeError(f"attention: mask {ins[3]} does not broadcast to the scores {list(scores)}")
+    return [q.shape[:3] + (v.shape[3],)]
+
+
+def _attention_dtype(ins, attrs):
+    dtype = _same_float_dtype(ins[:3], attrs)
+    if not dtype[0].is_floating_point:
+        raise ShapeError(f"attention needs floating-point operands, got {ins[0]}")
+    if len(ins) == 4 and ins[3].dtype not in (torch.bool, dtype[0]):
+        raise ShapeError(f"attention: a mask is bool (keep) or additive {dtype[0]}, got {ins[3]}")
+    return dtype
+
+
+def _attention(q, k, v, mask=None, *, scale, causal):
+    """softmax(scale * q k^T + mask) v, with a causal and a bool (keep) or additive mask:
+    torch's fused CPU attention kernel, which never holds the [seq, seq] scores (at
+    Whisper's 1500 frames the math form took 4x as long)."""
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+    if mask is not None and mask.dim() < 4:  # the kernel takes 2-d or 4-d masks
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
+
+
+define("attention", None, MANY, _attention_shape, _attention_dtype, _attention,
+       attrs={"scale": Attr("float"), "causal": Attr("bool", False)},
+       flops=lambda ins, outs, a: 2 * ins[0].numel * ins[1].shape[2]
+       + 2 * outs[0].numel * ins[1].shape[2])
+
+
 def _conv_out_size(size, kernel, stride, pad, dilation):
     return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
 
