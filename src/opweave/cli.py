@@ -216,7 +216,7 @@ def main(argv=None) -> int:
     _add_fuzz_parser(sub)
     from .onnx.cli import add_parsers
     from .options import Options
-    from .tune.cli import add_parsers as add_tune_parsers
+    from .autotune.cli import add_parsers as add_tune_parsers
 
     add_parsers(sub)
     add_tune_parsers(sub, Options.from_env().tuning_db)

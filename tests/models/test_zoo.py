@@ -22,7 +22,6 @@ EXPECTED_FALLBACKS: dict[str, set[str]] = {
     "deberta-v2": {"aten.sign.default", "aten.ceil.default"},
     # the relative position bias is interpolated bilinearly: no resize op in the IR
     "beit": {"aten.upsample_bilinear2d.vec"},
-    "swin": {"aten.as_strided.default"},  # window partition by strides: no as_strided op
 }
 
 

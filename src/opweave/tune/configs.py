@@ -4,7 +4,7 @@ whole model end to end (XTAT's joint tuning of passes) and remembered in the dat
 A configuration sets the rewrite mode and the fusion policy together: which is best
 depends on the model and the machine (greedy extraction can beat the ILP's estimate; on a
 graph of tiny ops, fusion may cost more than it saves), and only a measurement of the
-whole model says so. `opweave tune MODEL` searches the space (tune/search.py) and records
+whole model says so. `opweave tune MODEL` searches the space (autotune/search.py) and records
 the best configuration of each of the model's graphs, keyed by the graph's structure and
 the target, as a "graph-config" record. `pipeline.compile_graph` looks it up first (unless
 the caller set rewrite or fusion itself), so a tuned model compiles the same way every

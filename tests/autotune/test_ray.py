@@ -7,8 +7,9 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed")
 
-from opweave.tune import configs, open_db, search  # noqa: E402
-from opweave.tune.runners import RayRunner  # noqa: E402
+from opweave.autotune import search  # noqa: E402
+from opweave.autotune.runners import RayRunner  # noqa: E402
+from opweave.tune import configs, open_db  # noqa: E402
 from opweave.tune.target import describe, target_id  # noqa: E402
 
 

@@ -13,7 +13,8 @@ import torch
 import opweave
 from opweave.ir.text import parse_graph
 from opweave.options import Options
-from opweave.tune import configs, open_db, search
+from opweave.autotune import search
+from opweave.tune import configs, open_db
 from opweave.tune.target import describe, target_id
 
 GRAPH = """graph @{name}(%x: f32[2,{n}]) {{
@@ -181,7 +182,7 @@ def test_tuning_a_real_model_records_a_configuration_the_next_compile_uses(tmp_p
     assert not result.baseline.error and result.best.samples
     bench = build("xmlcnn", small=True)
     compiled = opweave.compile(bench.module.eval(), bench.inputs,
-                               options=Options(tuning_db=str(db_path)))
+                               options=Options(tuning_db=str(db_path), tuned=True))
     (graph,) = compiled.program.compiled_graphs
     assert configs.describe_config(result.best.config) in graph.report("tuned")
     with torch.no_grad():

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from . import DEFAULT, TuningDBError, open_db
-from .target import describe, target_id
+from ..tune import DEFAULT, TuningDBError, open_db
+from ..tune.target import describe, target_id
 
 ACTIONS = ("show", "stats", "export", "import")
 

@@ -1,6 +1,6 @@
 """`opweave tune MODEL`: search one model's whole-graph configurations (tune/configs.py)
 with Optuna's TPE sampler, measuring each candidate end to end in a worker process of its
-own (tune/worker.py: a candidate that crashes or hangs the compiler fails alone).
+own (autotune/worker.py: a candidate that crashes or hangs the compiler fails alone).
 
 Every measured trial is kept in the database ("model-trial" records, keyed by the model,
 the configuration and the target, with the graph keys the compile saw), so an interrupted
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import configs
-from .db import Record, TuningDB
-from .target import describe, target_id
+from ..tune import configs
+from ..tune.db import Record, TuningDB
+from ..tune.target import describe, target_id
 
 TRIAL_KIND = "model-trial"
 MAX_REPEATS = 20  # proposals in a row of measured configurations before one is enqueued
-WORKER = [sys.executable, "-m", "opweave.tune.worker"]  # + REQUEST.json RESULT.json
+WORKER = [sys.executable, "-m", "opweave.autotune.worker"]  # + REQUEST.json RESULT.json
 
 
 class WorkerFailed(RuntimeError):

@@ -29,7 +29,7 @@ def measure(request: dict, timeout: float) -> Measured:
     import platform
 
     from .search import WorkerFailed, run_worker
-    from .target import describe
+    from ..tune.target import describe
 
     descriptor = describe(request["threads"])
     try:

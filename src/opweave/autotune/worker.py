@@ -1,6 +1,6 @@
 """A tuning worker: compiles one model under the given whole-graph configurations and
 times them, in a process of its own, so a configuration that crashes or hangs the
-compiler kills only its worker (`python -m opweave.tune.worker REQUEST.json RESULT.json`).
+compiler kills only its worker (`python -m opweave.autotune.worker REQUEST.json RESULT.json`).
 
 The request names the model (`opweave.models.build`), the path it is compiled through
 (`opweave.compile`, or `torch.compile(backend="opweave")` under no_grad, whose graphs
