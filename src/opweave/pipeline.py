@@ -24,7 +24,7 @@ from .files import atomic_write
 from .ir import Graph, verify
 from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
-from .options import Options
+from .options import Options, RewriteOptions
 from .runtime import Executor
 
 
@@ -210,7 +210,8 @@ def _tuned_options(graph: Graph, key: str, options: Options) -> tuple[Options, P
     detail = (f"{configs.describe_config(record.config)} from the tuning database "
               f"(model measured at {record.seconds * 1e3:.3f} ms)")
     size = len(graph.nodes)
-    rewrite = replace(options.rewrite, **configs.REWRITE_MODES[record.config["rewrite"]])
+    mode = RewriteOptions.resolve(record.config["rewrite"])  # the caller's other settings stay
+    rewrite = replace(options.rewrite, engine=mode.engine, extractor=mode.extractor)
     tuned = replace(options, rewrite=rewrite, fusion=record.config["fusion"])
     return tuned, PassReport("tuned", time.perf_counter() - start, size, size, detail)
 
@@ -229,5 +230,5 @@ def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
     return CompiledGraph(graph, executor, run.reports, key, options)
 
 
-__all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "TuningWarning", "CompiledGraph", "compile_graph",
-           "GRAPH_PASSES"]
+__all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "TuningWarning", "CompiledGraph",
+           "compile_graph", "GRAPH_PASSES"]

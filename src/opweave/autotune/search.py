@@ -163,6 +163,7 @@ class _Search:
         self.runner, self.timeout, self.say = runner, timeout, say
         self.start = time.perf_counter()
         self.done: dict[str, Trial] = {}
+        self.target: str | None = None  # where the baseline ran: earlier trials are read there
 
     def submit(self, configs_: list[dict], rounds: int | None = None):
         request = {**self.request, "configs": configs_}

@@ -26,10 +26,6 @@ SPACE: dict[str, tuple[str, ...]] = {
     "fusion": ("ilp", "greedy", "off"),
 }
 DEFAULT: dict[str, str] = {knob: values[0] for knob, values in SPACE.items()}
-# what each rewrite mode sets in `RewriteOptions` (the caller's other settings are kept)
-REWRITE_MODES = {"eqsat": {"engine": "eqsat", "extractor": "ilp"},
-                 "greedy": {"engine": "eqsat", "extractor": "greedy"},
-                 "off": {"engine": "off"}}
 
 
 def all_configs() -> list[dict[str, str]]:

@@ -140,7 +140,7 @@ def _fmod(ctx, a, b):
     va, vb = _operands(ctx, a, b)
     if va.type.dtype.is_floating_point or vb.type.dtype.is_floating_point:
         raise Unsupported("fmod of floating-point values")
-    signed = torch.iinfo(vb.type.dtype).min < 0 if vb.type.dtype != torch.bool else False
+    signed = vb.type.dtype.is_signed
     if signed and hasattr(b, "op"):
         minus_one = ctx.add1("eq", [vb, ctx.scalar(-1, vb)])
         vb = ctx.add1("where", [minus_one, ctx.scalar(1, vb), vb])
