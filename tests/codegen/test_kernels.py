@@ -28,7 +28,8 @@ def _check(g: Graph, *inputs, atol=1e-5, rtol=1e-5, expect=None):
     return lowered
 
 
-UNARY = ["neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu"]
+UNARY = ["neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", "erf", "relu",
+         "sign", "ceil", "floor"]
 
 
 @pytest.mark.parametrize("op", UNARY + ["gelu", "gelu-tanh", "clamp"])

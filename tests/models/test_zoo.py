@@ -18,8 +18,6 @@ from opweave.frontends import torch_dynamo
 
 # name -> the ops that run in eager (Coverage.fallback keys), and why; absent: none
 EXPECTED_FALLBACKS: dict[str, set[str]] = {
-    # log-bucketed relative positions: no sign or ceil op in the IR
-    "deberta-v2": {"aten.sign.default", "aten.ceil.default"},
     # the relative position bias is interpolated bilinearly: no resize op in the IR
     "beit": {"aten.upsample_bilinear2d.vec"},
 }

@@ -63,6 +63,15 @@ def test_integer_sum_and_exp_follow_torch_types():
     _agree(g, torch.arange(6, dtype=torch.int32).reshape(2, 3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64])
+def test_sign_ceil_and_floor_export_for_floats_and_integers(dtype):
+    """ONNX's Ceil and Floor take floats only: an integer's rounding is an Identity."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((6,), dtype))
+    g.outputs = [g.add1(op, [x]) for op in ("sign", "ceil", "floor")]
+    _agree(g, torch.tensor([-2.5, -1.0, -0.0, 0.5, 2.0, 3.7]).to(dtype))
+
+
 def test_generated_names_never_collide_with_ir_names():
     g = Graph("g")
     x = g.add_input("x", TensorType((2, 3), torch.float32))

@@ -133,6 +133,8 @@ _UNARY = {
     "rsqrt": "(1.0f / std::sqrt({0}))", "reciprocal": "(1.0f / {0})",
     "sigmoid": "ow_sigmoid({0})", "tanh": "ow_tanh({0})", "erf": "ow_erf({0})",
     "relu": "({0} < 0.0f ? 0.0f : {0})",
+    "sign": "(float)(({0} > 0.0f) - ({0} < 0.0f))",  # NaN -> 0, as torch.sign
+    "ceil": "std::ceil({0})", "floor": "std::floor({0})",
     "maximum": "(({0} > {1} || {0} != {0}) ? {0} : {1})",
     "minimum": "(({0} < {1} || {0} != {0}) ? {0} : {1})",
     "where": "({0} ? {1} : {2})", "pow": "std::pow({0}, {1})",

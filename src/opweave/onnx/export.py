@@ -77,7 +77,8 @@ class _Writer:
 
 _UNARY = {"neg": "Neg", "abs": "Abs", "exp": "Exp", "log": "Log", "sqrt": "Sqrt",
           "reciprocal": "Reciprocal", "sigmoid": "Sigmoid", "tanh": "Tanh", "erf": "Erf",
-          "relu": "Relu", "sin": "Sin", "cos": "Cos", "logical_not": "Not"}
+          "relu": "Relu", "sin": "Sin", "cos": "Cos", "logical_not": "Not",
+          "sign": "Sign", "ceil": "Ceil", "floor": "Floor"}
 _ARITH = {"add": "Add", "sub": "Sub", "mul": "Mul", "pow": "Pow", "maximum": "Max",
           "minimum": "Min", "logical_and": "And", "logical_or": "Or"}
 _COMPARE = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater",
@@ -100,7 +101,9 @@ def _write_node(w: _Writer, node: Node) -> None:
     if op in _UNARY or op in _REDUCE or op in ("rsqrt", "log1p", "clamp"):
         # torch computes these in the output's type (an int exp is float, an int sum i64)
         ins[0] = w.cast_to(ins[0], node.inputs[0].type.dtype, out_type.dtype)
-    if op in _UNARY:
+    if op in ("ceil", "floor") and out_type.dtype not in dtypes.FLOAT_DTYPES:
+        w.op("Identity", ins, outs)  # ONNX rounds floats only; an integer is its own ceil
+    elif op in _UNARY:
         w.op(_UNARY[op], ins, outs)
     elif op == "rsqrt":
         w.op("Reciprocal", [w.op1("Sqrt", ins)], outs)

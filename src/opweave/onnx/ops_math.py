@@ -40,15 +40,17 @@ def need_float(low, value, what="input"):
 
 _UNARY = {"Neg": "neg", "Abs": "abs", "Exp": "exp", "Log": "log", "Sqrt": "sqrt",
           "Reciprocal": "reciprocal", "Sigmoid": "sigmoid", "Tanh": "tanh", "Erf": "erf",
-          "Relu": "relu", "Sin": "sin", "Cos": "cos"}
-_FLOAT_UNARY = {"Exp", "Log", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Erf", "Sin", "Cos"}
+          "Relu": "relu", "Sin": "sin", "Cos": "cos", "Sign": "sign", "Ceil": "ceil",
+          "Floor": "floor"}
+_FLOAT_UNARY = {"Exp", "Log", "Sqrt", "Reciprocal", "Sigmoid", "Tanh", "Erf", "Sin", "Cos",
+                "Ceil", "Floor"}
 
 
 @handles(*_UNARY)
 def _unary(low, node, ins, attrs):
     if node.op_type in _FLOAT_UNARY:
         need_float(low, ins[0])
-    if node.op_type in ("Neg", "Abs", "Relu") and ins[0].type.dtype in (torch.bool, torch.uint8):
+    if node.op_type in ("Neg", "Abs", "Relu", "Sign") and ins[0].type.dtype in (torch.bool, torch.uint8):
         refuse(low, f"{node.op_type} of {ins[0].type.dtype} is not supported")
     return [low.emit1(_UNARY[node.op_type], [ins[0]])]
 

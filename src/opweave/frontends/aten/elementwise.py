@@ -32,7 +32,8 @@ _UNARY = {
     aten.rsqrt.default: "rsqrt", aten.reciprocal.default: "reciprocal",
     aten.sigmoid.default: "sigmoid", aten.tanh.default: "tanh", aten.erf.default: "erf",
     aten.relu.default: "relu", aten.sin.default: "sin", aten.cos.default: "cos",
-    aten.logical_not.default: "logical_not",
+    aten.logical_not.default: "logical_not", aten.sign.default: "sign",
+    aten.ceil.default: "ceil", aten.floor.default: "floor",
 }
 for _target, _op in _UNARY.items():
     lowers(_target)(lambda ctx, x, _op=_op: ctx.add1(_op, [ctx.value(x)]))

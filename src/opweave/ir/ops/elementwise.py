@@ -36,6 +36,9 @@ _UNARY = {
     "relu": (torch.relu, 1, False),
     "sin": (torch.sin, 4, True),
     "cos": (torch.cos, 4, True),
+    "sign": (torch.sign, 1, False),
+    "ceil": (torch.ceil, 1, False),
+    "floor": (torch.floor, 1, False),
 }
 for _name, (_fn, _k, _to_float) in _UNARY.items():
     define(_name, 1, ONE, same_shape, _float_result if _to_float else (lambda ins, a: [ins[0].dtype]),
