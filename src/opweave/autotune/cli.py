@@ -1,5 +1,5 @@
-"""`opweave tune MODEL | show | stats | export FILE | import FILE`: tune a model, and look
-into and share the tuning database."""
+"""`opweave tune MODEL | show | stats | export FILE | import FILE | ranker`: tune a model,
+look into and share the tuning database, and train the learned ranker of library forms."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ import sys
 from ..tune import DEFAULT, TuningDBError, open_db
 from ..tune.target import describe, target_id
 
-ACTIONS = ("show", "stats", "export", "import")
+ACTIONS = ("show", "stats", "export", "import", "ranker")
 
 
 def add_parsers(sub, default_path: str | None) -> None:
@@ -16,7 +16,9 @@ def add_parsers(sub, default_path: str | None) -> None:
         "tune", help="tune a model's configuration; show, stats, export, import the database",
         description="opweave tune MODEL [--small] [--trials N | --budget SECONDS]: search the "
                     "model's whole-graph configurations and record the best per graph. "
-                    "opweave tune show [--all] | stats | export FILE | import FILE: the database.")
+                    "opweave tune show [--all] | stats | export FILE | import FILE: the database. "
+                    "opweave tune ranker [--top-k K]: train the learned ranker of library "
+                    "forms on the database, report its held-out scores and store it.")
     p.add_argument("what", metavar="MODEL|show|stats|export|import")
     p.add_argument("file", nargs="?", help="the JSON-lines file of export and import")
     p.add_argument("--db", default=None,
@@ -38,6 +40,10 @@ def add_parsers(sub, default_path: str | None) -> None:
                         "local one started for the run (needs the ray extra)")
     p.add_argument("--workers", type=int, default=None,
                    help="MODEL --ray: trials at once (default: cores // threads)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="ranker: forms to measure per call (default: the fewest whose "
+                        "held-out total time stays within 2%% of the best forms')")
+    p.add_argument("--folds", type=int, default=5, help="ranker: cross-validation folds")
     p.set_defaults(func=run, default_db=default_path)
 
 
@@ -57,7 +63,8 @@ def run(args) -> int:
         records = db.records(None if args.all else here)
         for r in records:
             samples = ", ".join(f"{k} {min(v) * 1e6:.1f} us" for k, v in sorted(r.samples.items()) if v)
-            config = r.config.get("form") or r.config.get("config") or r.config
+            config = (r.config.get("form") or r.config.get("config") or r.config.get("scores")
+                      or r.config)
             print(f"{r.kind:<13} {config!s:<16} {r.seconds * 1e6:10.1f} us  "
                   f"[{samples[:200]}]  {r.workload_text[:120]}" + ("" if r.target == here else f"  @{r.target}"))
         print(f"{len(records)} record(s) in {db.path}")
@@ -68,6 +75,8 @@ def run(args) -> int:
             print(f"target {target}{mark}: {targets.get(target, {})}")
             for kind, n in sorted(kinds.items()):
                 print(f"  {kind}: {n}")
+    elif args.what == "ranker":
+        return _ranker(db, args)
     elif args.what == "export":
         print(f"exported {db.export(args.file)} record(s) to {args.file}")
     else:
@@ -76,6 +85,32 @@ def run(args) -> int:
         except (OSError, TuningDBError) as err:
             print(f"opweave tune import: {err}", file=sys.stderr)
             return 2
+    return 0
+
+
+def _ranker(db, args) -> int:
+    from ..tune import ranking
+
+    try:
+        scores, top_k = ranking.train(db, folds=args.folds, top_k=args.top_k)
+    except ValueError as err:
+        print(f"opweave tune ranker: {err}", file=sys.stderr)
+        return 2
+    print(f"held-out ranking of {scores['records']} records ({scores['examples']} measured "
+          f"forms, {args.folds} folds over workloads):")
+    print(f"  top-1 hit {scores['top1']:.1%} (always the usual winner: {scores['baseline_top1']:.1%}),"
+          f" top-2 hit {scores['top2']:.1%}, mean Kendall tau {scores['kendall_tau']:.2f}")
+    for k in (1, 2):
+        print(f"  measuring the top {k}: {scores[f'time_saved_top{k}']:.0%} of measuring time "
+              f"saved; chosen forms {scores[f'slowdown_top{k}']:.3f}x the best (geomean), "
+              f"{scores[f'latency_top{k}']:.3f}x in total time")
+    print(f"  always the usual winner: {scores['baseline_slowdown']:.3f}x the best (geomean), "
+          f"{scores['baseline_latency']:.3f}x in total time")
+    if top_k is None:
+        print("no ranker stored: no top k keeps the total time within 2% of the best forms; "
+              "every form is still measured")
+        return 0
+    print(f"stored for this machine in {db.path}: compiles measure the top {top_k} form(s)")
     return 0
 
 

@@ -72,7 +72,8 @@ def _choose(a: torch.Tensor, b: torch.Tensor, key=None, db=None, rounds: int = 7
     if got.shape != expected.shape or not torch.allclose(got, expected, rtol=1e-4,
                                                          atol=1e-5 * max(scale, 1.0)):
         return _torch_mm
-    samples = library.measure(_FORMS, (a, b), rounds)
+    forms = tune.shortlist(KIND, key, _FORMS, db or tune.active()) if key else _FORMS
+    samples = library.measure(forms, (a, b), rounds)
     best = min(samples, key=lambda name: min(samples[name]))
     if key is not None:
         tune.remember(KIND, key, best, samples, db)

@@ -186,7 +186,8 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
            rounds: int = 7) -> tuple[str, float]:
     """The faster candidate at these shapes and its best time: recorded in the tuning
     database for this machine, or measured by interleaved runs on random inputs and
-    recorded (memoized per key for the process too). The minimum, not the median: on a
+    recorded (memoized per key for the process too). With a learned ranker stored for
+    this machine (`opweave tune ranker`), only the forms it ranks first are measured. The minimum, not the median: on a
     shared machine noise only adds time, and medians of 7 runs picked an unfused
     convolution + ReLU over the fused one in a third of ResNet's groups."""
     memo = _memo_key(key)
@@ -196,7 +197,7 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     if recalled is None:
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
-        samples = measure(candidates, args, rounds)
+        samples = measure(tune.shortlist(KIND, key, candidates, tune.active()), args, rounds)
         best = min(samples, key=lambda name: min(samples[name]))
         tune.remember(KIND, key, best, samples)
         recalled = best, min(samples[best])

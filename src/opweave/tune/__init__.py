@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..files import cache_root
 from .db import Record, TuningDB, TuningDBError, TuningDBWarning
+from .ranking import shortlist
 from .target import describe, target_id
 
 DEFAULT = "default"  # Options.tuning_db: the file under opweave's cache directory
@@ -84,4 +85,4 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "recall", "remember", "workload", "DEFAULT", "default_path"]
+           "active", "recall", "remember", "shortlist", "workload", "DEFAULT", "default_path"]
