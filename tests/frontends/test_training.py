@@ -152,6 +152,32 @@ def test_incoming_gradient_scales_the_precomputed_gradients():
         torch.testing.assert_close(p.grad, q.grad)
 
 
+class _TwoOffsets(torch.nn.Module):
+    """Two parameters added as they are: both get the very same gradient node."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Parameter(torch.randn(5, 3)), torch.nn.Parameter(torch.randn(5, 3))
+
+    def forward(self, w):
+        return ((self.a + self.b) * w).sum()
+
+
+def test_parameters_sharing_one_gradient_node_are_captured():
+    """Found by `opweave fuzz`: aot_export_module refused such a step (it maps gradients
+    to parameters by output name), so it ran in eager."""
+    reference, x = _TwoOffsets(), torch.randn(5, 3)
+    module = copy.deepcopy(reference)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        step = opweave.compile(module, (x,), train=True)
+    assert step.graphs
+    reference(x).backward()
+    step(x).backward()
+    for p, q in zip(module.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
 def test_second_backward_through_one_call_is_refused():
     module, args = _tiny()
     loss = opweave.compile(module, args, train=True)(*args)

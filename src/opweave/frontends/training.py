@@ -40,12 +40,25 @@ class _LossAsTuple(torch.nn.Module):
         self.model = model
 
     def forward(self, *inputs):
-        loss = self.model(*inputs)
+        return self._checked(self.model(*inputs))
+
+    def _checked(self, loss) -> tuple[torch.Tensor]:
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
             raise LossNotScalar("opweave.compile(train=True) needs a model that returns a "
                                 f"scalar loss tensor; {type(self.model).__name__} returned "
                                 f"{_describe(loss)}")
         return (loss,)
+
+
+class _DistinctGradients(_LossAsTuple):
+    """The same step, each parameter read through `p * 1.0`, so that its gradient is a
+    node of its own. aot_export_module maps gradients to parameters by output name, and
+    fails when two parameters get the very same gradient node (`p + q`: both receive
+    the incoming gradient); the multiplications give each one its own node."""
+
+    def forward(self, *inputs):
+        params = {name: p * 1.0 for name, p in self.model.named_parameters()}
+        return self._checked(torch.func.functional_call(self.model, params, inputs))
 
 
 def _describe(value) -> str:
@@ -73,8 +86,16 @@ _PREFIX = "model."
 def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> JointGraph:
     from torch._functorch.aot_autograd import aot_export_module
 
-    gm, sig = aot_export_module(_LossAsTuple(model), tuple(example_inputs), trace_joint=True,
-                                output_loss_index=0, decompositions=decomposition_table())
+    def export(wrapper):
+        return aot_export_module(wrapper(model), tuple(example_inputs), trace_joint=True,
+                                 output_loss_index=0, decompositions=decomposition_table())
+
+    try:
+        gm, sig = export(_LossAsTuple)
+    except AssertionError as err:
+        if "backward_output_names" not in str(err):
+            raise
+        gm, sig = export(_DistinctGradients)  # two parameters shared one gradient node
     strip = lambda name: name[len(_PREFIX):] if name.startswith(_PREFIX) else name  # noqa: E731
     outputs = [a.name for a in _output_node(gm).args[0]]
     grads_by_output = sig.backward_signature.gradients_to_parameters
