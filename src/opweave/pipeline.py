@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import tune
-from .tune import configs
+from . import cost, tune
+from .tune import configs, roofline
 from .files import atomic_write
 from .ir import Graph, verify
 from .ir.text import parse_graph, print_graph
@@ -216,17 +216,41 @@ def _tuned_options(graph: Graph, key: str, options: Options) -> tuple[Options, P
     return tuned, PassReport("tuned", time.perf_counter() - start, size, size, detail)
 
 
+def _measured_machine(graph: Graph, options: Options) -> tuple[cost.Machine, PassReport | None]:
+    """The roofline parameters `opweave tune machine` stored for this machine, and a
+    report line saying so; the current ones (the defaults) without a record."""
+    if options.tuning_db is None:
+        return cost.active(), None
+    start = time.perf_counter()
+    try:
+        machine = roofline.load(tune.open_db(options.tuning_db))
+    except Exception as err:  # noqa: BLE001  (an unreadable database: the defaults)
+        warn_once(f"opweave: the tuning database {options.tuning_db} could not be read, so "
+                  f"graphs are costed with the default machine: {type(err).__name__}: {err}",
+                  TuningWarning)
+        return cost.active(), None
+    if machine is None:
+        return cost.active(), None
+    detail = (f"measured roofline: {machine.flops / 1e9:.0f} GFLOP/s, "
+              f"{machine.bandwidth / 1e9:.1f} GB/s from DRAM, {machine.cache_bandwidth / 1e9:.0f} "
+              f"GB/s within {machine.cache_bytes / 2 ** 20:.2f} MiB, "
+              f"{machine.launch * 1e6:.1f} us per op")
+    size = len(graph.nodes)
+    return machine, PassReport("machine", time.perf_counter() - start, size, size, detail)
+
+
 def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
     """Run every pass over `graph` and lower it to an executor, with the graph's tuned
-    configuration when the database has one."""
+    configuration and this machine's measured roofline when the database has them."""
     key = configs.graph_key(graph)
     options, tuned = _tuned_options(graph, key[0], options)
+    machine, measured = _measured_machine(graph, options)
     run = PassRun(options, graph.name)
-    if tuned is not None:
-        run.reports.append(tuned)
-    for p in GRAPH_PASSES:
-        graph = run.apply(p, graph)
-    executor = run.lower(graph)
+    run.reports.extend(r for r in (tuned, measured) if r is not None)
+    with cost.using(machine):
+        for p in GRAPH_PASSES:
+            graph = run.apply(p, graph)
+        executor = run.lower(graph)
     return CompiledGraph(graph, executor, run.reports, key, options)
 
 

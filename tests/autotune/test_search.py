@@ -194,7 +194,7 @@ def test_the_command_line(tmp_path, fake_worker, capsys):
 
     db = str(tmp_path / "t.sqlite")
     assert main(["tune", "no-such-model", "--db", db]) == 2
-    assert "neither show, stats, export, import, ranker nor a model" in capsys.readouterr().err
+    assert "neither show, stats, export, import, ranker, machine nor a model" in capsys.readouterr().err
     assert main(["tune", "export", "--db", db]) == 2
     assert main(["tune", "xmlcnn", "--small", "--trials", "2", "--rounds", "2", "--db", db]) == 0
     out = capsys.readouterr().out

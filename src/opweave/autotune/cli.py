@@ -1,5 +1,6 @@
-"""`opweave tune MODEL | show | stats | export FILE | import FILE | ranker`: tune a model,
-look into and share the tuning database, and train the learned ranker of library forms."""
+"""`opweave tune MODEL | show | stats | export FILE | import FILE | ranker | machine`: tune
+a model, look into and share the tuning database, train the learned ranker of library
+forms, and measure the roofline's parameters."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +8,7 @@ import sys
 from ..tune import DEFAULT, TuningDBError, open_db
 from ..tune.target import describe, target_id
 
-ACTIONS = ("show", "stats", "export", "import", "ranker")
+ACTIONS = ("show", "stats", "export", "import", "ranker", "machine")
 
 
 def add_parsers(sub, default_path: str | None) -> None:
@@ -18,7 +19,9 @@ def add_parsers(sub, default_path: str | None) -> None:
                     "model's whole-graph configurations and record the best per graph. "
                     "opweave tune show [--all] | stats | export FILE | import FILE: the database. "
                     "opweave tune ranker [--top-k K]: train the learned ranker of library "
-                    "forms on the database, report its held-out scores and store it.")
+                    "forms on the database, report its held-out scores and store it. "
+                    "opweave tune machine [--threads N]: measure this machine's roofline "
+                    "(GEMM peak, DRAM and cache bandwidth, per-op cost) for the cost model.")
     p.add_argument("what", metavar="MODEL|show|stats|export|import")
     p.add_argument("file", nargs="?", help="the JSON-lines file of export and import")
     p.add_argument("--db", default=None,
@@ -30,7 +33,7 @@ def add_parsers(sub, default_path: str | None) -> None:
     p.add_argument("--budget", type=float, default=None,
                    help="MODEL: seconds after which no new trial starts")
     p.add_argument("--threads", type=int, default=None,
-                   help="MODEL: threads to tune for (default: torch's, i.e. all cores)")
+                   help="MODEL, machine: threads to tune for (default: torch's, i.e. all cores)")
     p.add_argument("--rounds", type=int, default=10, help="MODEL: timed calls per trial")
     p.add_argument("--dynamo", action="store_true",
                    help="MODEL: tune the graphs torch.compile(backend=\"opweave\") makes "
@@ -64,7 +67,7 @@ def run(args) -> int:
         for r in records:
             samples = ", ".join(f"{k} {min(v) * 1e6:.1f} us" for k, v in sorted(r.samples.items()) if v)
             config = (r.config.get("form") or r.config.get("config") or r.config.get("scores")
-                      or r.config)
+                      or r.config.get("machine") or r.config)
             print(f"{r.kind:<13} {config!s:<16} {r.seconds * 1e6:10.1f} us  "
                   f"[{samples[:200]}]  {r.workload_text[:120]}" + ("" if r.target == here else f"  @{r.target}"))
         print(f"{len(records)} record(s) in {db.path}")
@@ -77,6 +80,8 @@ def run(args) -> int:
                 print(f"  {kind}: {n}")
     elif args.what == "ranker":
         return _ranker(db, args)
+    elif args.what == "machine":
+        return _machine(db, args)
     elif args.what == "export":
         print(f"exported {db.export(args.file)} record(s) to {args.file}")
     else:
@@ -85,6 +90,26 @@ def run(args) -> int:
         except (OSError, TuningDBError) as err:
             print(f"opweave tune import: {err}", file=sys.stderr)
             return 2
+    return 0
+
+
+def _machine(db, args) -> int:
+    import time
+
+    from ..cost.machine import measure
+    from ..tune import roofline
+
+    start = time.perf_counter()
+    machine, about = measure(args.threads)
+    roofline.store(db, machine, about, time.perf_counter() - start)
+    caches = ", ".join(f"{k} {v // 1024} KiB" for k, v in sorted(about["caches"].items()))
+    print(f"this machine with {about['threads']} thread(s) (caches: {caches or 'not reported'}):")
+    print(f"  fp32 GEMM peak      {machine.flops / 1e9:8.1f} GFLOP/s")
+    print(f"  DRAM bandwidth      {machine.bandwidth / 1e9:8.1f} GB/s (copy, read + write)")
+    print(f"  cache bandwidth     {machine.cache_bandwidth / 1e9:8.1f} GB/s "
+          f"(up to {machine.cache_bytes / 1024:.0f} KiB)")
+    print(f"  cost of one op      {machine.launch * 1e6:8.2f} us")
+    print(f"stored in {db.path}: compiles with this database cost graphs with these")
     return 0
 
 

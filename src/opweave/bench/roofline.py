@@ -8,7 +8,6 @@ import json
 import math
 import os
 import platform
-import time
 import warnings
 from importlib import metadata
 from pathlib import Path
@@ -19,7 +18,6 @@ from .modes import INFER
 
 # the format in the name: a file of an older format is never read (and never warned about)
 CACHE_FILE = "gemm_peak-v2.json"
-GEMM_SIZES = (512, 1024, 2048)
 CALIBRATION_VERSION = 2  # part of the cache key: a new method never reads old figures
 
 
@@ -41,26 +39,6 @@ def cpu_name() -> str:
 def calibration_key(threads: int) -> str:
     return (f"v{CALIBRATION_VERSION}|{cpu_name()}|{os.cpu_count()} cpus|{threads} threads|"
             f"torch {metadata.version('torch')}")
-
-
-def measure_gemm_peak(sizes=GEMM_SIZES, seconds_per_size: float = 0.5) -> float:
-    """Best FLOP/s of square fp32 `torch.mm` over `sizes` and repetitions, with the current
-    threads. The fastest run, not the median: a peak is what the machine can reach, and
-    interference only ever slows a run down."""
-    import torch
-
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n), torch.randn(n, n)
-        out = torch.empty(n, n)
-        torch.mm(a, b, out=out)  # warm-up: pools, page faults
-        samples, deadline = [], time.perf_counter() + seconds_per_size
-        while len(samples) < 3 or time.perf_counter() < deadline:
-            start = time.perf_counter()
-            torch.mm(a, b, out=out)
-            samples.append(time.perf_counter() - start)
-        best = max(best, 2 * n ** 3 / min(samples))
-    return best
 
 
 def _digest(entries: dict) -> str:

@@ -267,6 +267,6 @@ class _Session:
         return model_flops(self.bench, self.spec.mode)
 
     def gemm_peak(self) -> float:
-        from .roofline import measure_gemm_peak
+        from ..cost.machine import measure_gemm_peak
 
         return measure_gemm_peak()

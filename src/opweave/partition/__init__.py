@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..cost.model import active as active_machine
 from ..ir import Graph
 from ..ir.graph import Node
 from . import greedy, ilp
@@ -88,7 +89,7 @@ def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 
     for comp in comps:
         # every input of the solution: the same component costed by measurement or by the
         # roofline, or with other fusible ops, may be covered differently
-        key = (method, anchor_seconds is not None, fusible, ilp_seconds,
+        key = (method, anchor_seconds is not None, fusible, ilp_seconds, active_machine(),
                structural_key(ctx, comp))
         if key in _SOLVED:
             result.cache_hits += 1

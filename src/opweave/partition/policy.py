@@ -7,13 +7,13 @@ launches of the ops it absorbs. Legality lives in legality.py; this module only 
 """
 from __future__ import annotations
 
-from ..cost.model import CPU, Machine, node_seconds
+from ..cost.model import Machine, active, node_seconds
 from ..ir.graph import Node
 from .classify import Role
 from .context import Context
 
 
-def group_seconds(ctx: Context, members, machine: Machine = CPU) -> float:
+def group_seconds(ctx: Context, members, machine: Machine | None = None) -> float:
     if ctx.anchor_seconds is not None and any(ctx.role[n] is Role.ANCHOR for n in members):
         return ctx.anchor_seconds(ctx, frozenset(members))
     if len(members) == 1:
@@ -24,7 +24,7 @@ def group_seconds(ctx: Context, members, machine: Machine = CPU) -> float:
     outputs = [v for n in members for v in n.outputs if ctx.escapes(v, members)]
     moved = sum(v.type.nbytes for v in inputs) + sum(v.type.nbytes for v in outputs)
     flops = sum(_flops(n) for n in members)
-    return max(flops / machine.flops, moved / machine.bandwidth) + machine.launch
+    return (machine or active()).seconds(flops, moved)
 
 
 def _flops(node: Node) -> int:
