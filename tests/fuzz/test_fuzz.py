@@ -140,6 +140,26 @@ def test_fixed_seed_sample_passes(tmp_path, capsys):
     assert not out.exists()  # nothing failed, so nothing is left behind
 
 
+def test_a_crash_while_drawing_leaves_how_to_draw_the_graph_again(tmp_path, monkeypatch):
+    """Found by the 10,000-graph run: generating a graph runs its ops on trial shapes, and
+    torch's fused attention died of SIGFPE there, before any graph could be written."""
+    from opweave.fuzz import runner
+
+    def die(seed, index, config):
+        raise KeyboardInterrupt  # as far as the marker knows, the process died here
+    monkeypatch.setattr(runner, "draw_case", die)
+    out = tmp_path / "failures"
+    runner.fuzz(runner.FuzzConfig(graphs=3, seed=7, out=str(out)), log=lambda line: None)
+    text = (out / runner.DRAWING).read_text()
+    assert "graph 0 of `opweave fuzz --seed 7" in text
+    command = text.splitlines()[1].strip().removeprefix("python -X faulthandler -c ").strip("'")
+    monkeypatch.undo()
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run([sys.executable, "-c", command], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_cli_refuses_unknown_paths(capsys):
     assert cli.main(["fuzz", "--graphs", "1", "--paths", "compile,nope"]) == 2
     assert "nope" in capsys.readouterr().err

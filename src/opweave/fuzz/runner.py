@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..files import atomic_write_bytes
 from . import check, minimize, oracle, reproducer
 from .generate import GenConfig, generate
 
@@ -87,7 +88,10 @@ def _loop(config: FuzzConfig, summary: Summary, start: float, log) -> None:
         if config.time_budget is not None and time.monotonic() - start > config.time_budget:
             log(f"time budget of {config.time_budget:g}s spent after {index} graphs")
             break
+        drawing = _mark_drawing(config, index)
         drawn = draw_case(config.seed, index, config)
+        if drawing is not None:
+            drawing.unlink(missing_ok=True)
         if drawn is None:
             summary.skipped += 1
             continue
@@ -116,6 +120,22 @@ def _loop(config: FuzzConfig, summary: Summary, start: float, log) -> None:
 
 
 RUNNING = "running-when-killed"
+DRAWING = "drawing-when-killed.txt"
+
+
+def _mark_drawing(config: FuzzConfig, index: int) -> Path | None:
+    """Generating a graph and drawing its inputs run ops too (eager, on trial shapes), so a
+    crash can come before there is a graph to write: leave how to draw it again."""
+    if not config.out:
+        return None
+    path = Path(config.out) / DRAWING
+    atomic_write_bytes(path, (
+        f"graph {index} of `opweave fuzz --seed {config.seed} --max-nodes {config.max_nodes}` "
+        "was being generated or drawn when the fuzzer died. Again, in a subprocess:\n"
+        f"  python -X faulthandler -c 'from opweave.fuzz.runner import FuzzConfig, draw_case; "
+        f"draw_case({config.seed}, {index}, FuzzConfig(max_nodes={config.max_nodes}, "
+        f"ops={config.ops!r}))'\n").encode())
+    return path
 
 
 def _mark_running(config: FuzzConfig, case: oracle.Case, seed: int) -> Path | None:

@@ -65,10 +65,24 @@ def _attention(q, k, v, mask=None, *, scale, causal):
     Whisper's 1500 frames the math form took 4x as long)."""
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
+    if 0 in q.shape[1:3] or k.shape[2] == 0:
+        # the fused kernel divides by the heads and both lengths: it dies of SIGFPE on 0
+        return _attention_math(q, k, v, mask, scale, causal)
     if mask is not None and mask.dim() < 4:  # the kernel takes 2-d or 4-d masks
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
+
+
+def _attention_math(q, k, v, mask, scale, causal):
+    """The unfused form, for shapes the fused kernel cannot take (an empty axis)."""
+    scores = (q @ k.transpose(-2, -1)) * scale
+    if causal:  # top-left aligned, as torch's kernels
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None:
+        scores = scores + mask
+    return torch.softmax(scores, dim=-1) @ v
 
 
 define("attention", None, MANY, _attention_shape, _attention_dtype, _attention,
