@@ -187,9 +187,10 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     """The faster candidate at these shapes and its best time: recorded in the tuning
     database for this machine, or measured by interleaved runs on random inputs and
     recorded (memoized per key for the process too). With a learned ranker stored for
-    this machine (`opweave tune ranker`), only the forms it ranks first are measured. The minimum, not the median: on a
-    shared machine noise only adds time, and medians of 7 runs picked an unfused
-    convolution + ReLU over the fused one in a third of ResNet's groups."""
+    this machine (`opweave tune ranker`), only the forms it ranks first are measured.
+    The minimum, not the median: on a shared machine noise only adds time, and medians of
+    7 runs picked an unfused convolution + ReLU over the fused one in a third of ResNet's
+    groups."""
     memo = _memo_key(key)
     if memo in _CHOICES and _CHOICES[memo][0] in candidates:
         return _CHOICES[memo]
