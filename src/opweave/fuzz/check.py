@@ -58,8 +58,12 @@ class Fallback(Exception):
 
 
 # -- comparison ----------------------------------------------------------------------------
-def compare(got, expected, shadow, what: str = "output") -> str:
-    """'' when `got` matches, otherwise the first difference, described."""
+def compare(got, expected, shadow, what: str = "output",
+            least_precise: torch.dtype | None = None) -> str:
+    """'' when `got` matches, otherwise the first difference, described. A float result
+    is held to the tolerance of its own dtype, or of `least_precise` (the least precise
+    float type the graph computes in) when that is coarser: a float64 loss summed from
+    float32 terms is only as exact as float32."""
     if len(got) != len(expected):
         return f"{len(got)} {what}s, expected {len(expected)}"
     for k, (g, e, s) in enumerate(zip(got, expected, shadow)):
@@ -68,13 +72,14 @@ def compare(got, expected, shadow, what: str = "output") -> str:
         if g.dtype != e.dtype or tuple(g.shape) != tuple(e.shape):
             return (f"{what} {k} is {g.dtype}{list(g.shape)}, "
                     f"expected {e.dtype}{list(e.shape)}")
-        problem = _differs(g.detach(), e.detach(), s.detach())
+        problem = _differs(g.detach(), e.detach(), s.detach(), least_precise)
         if problem:
             return f"{what} {k} ({e.dtype}{list(e.shape)}): {problem}"
     return ""
 
 
-def _differs(got: torch.Tensor, expected: torch.Tensor, shadow: torch.Tensor) -> str:
+def _differs(got: torch.Tensor, expected: torch.Tensor, shadow: torch.Tensor,
+             least_precise: torch.dtype | None = None) -> str:
     if not expected.numel():
         return ""
     if not expected.is_floating_point():
@@ -86,7 +91,10 @@ def _differs(got: torch.Tensor, expected: torch.Tensor, shadow: torch.Tensor) ->
             i = _first(bad & ~unstable)
             return f"at {i}: got {got[i].item()}, expected {expected[i].item()}"
         return ""
-    rtol, atol = TOLERANCES.get(expected.dtype, (1e-2, 1e-2))
+    dtype = expected.dtype
+    if least_precise is not None and torch.finfo(least_precise).eps > torch.finfo(dtype).eps:
+        dtype = least_precise
+    rtol, atol = TOLERANCES.get(dtype, (1e-2, 1e-2))
     e, g = expected.double(), got.double()
     # a non-finite shadow where eager is finite: as ill-conditioned as it gets
     noise = (e - shadow.double()).abs().nan_to_num(nan=float("inf")).max().item()
@@ -278,12 +286,21 @@ def _run_and_compare(path: str, case: oracle.Case, seed: int, expected) -> str:
         return ""
     if expected is None:
         expected = expected_results(path, case, seed)
+    floor = least_precise_float(case.graph)
     if path == "train":
         trainable, eager, shadow = expected
         loss, grads = run_train(case, seed, trainable)
         (e_loss, e_grads), (s_loss, s_grads) = eager, shadow
-        return (compare([loss], [e_loss], [s_loss], "loss")
-                or compare(grads, e_grads, s_grads, "gradient"))
+        return (compare([loss], [e_loss], [s_loss], "loss", floor)
+                or compare(grads, e_grads, s_grads, "gradient", floor))
     eager, shadow = expected
     runner = {"compile": run_compile, "dynamo": run_dynamo, "onnx": run_onnx}[path]
-    return compare(runner(case), eager, shadow)
+    return compare(runner(case), eager, shadow, least_precise=floor)
+
+
+def least_precise_float(graph) -> torch.dtype | None:
+    """The float type of the graph's values with the largest epsilon, if any."""
+    floats = {v.type.dtype for v in graph.inputs} | {
+        v.type.dtype for n in graph.nodes for v in n.outputs}
+    floats = [d for d in floats if d.is_floating_point]
+    return max(floats, key=lambda d: torch.finfo(d).eps) if floats else None
