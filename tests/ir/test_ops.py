@@ -89,6 +89,44 @@ def test_conv_rule_rejects_what_torch_refuses(attrs, message):
         graph.add("conv", [x, w], full)
 
 
+def test_attention_of_transposed_operands_and_a_negative_scale_matches_the_math_form():
+    """Found by `opweave fuzz`: torch's fused kernel, called directly, reads rows as
+    contiguous (a permuted query gave garbage), and with a causal or -inf mask and a
+    negative scale it gave NaN."""
+    from opweave.ir.ops.linalg import _attention, _attention_math
+
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 4, 4, 5, generator=gen).permute(2, 3, 0, 1)  # [4, 5, 3, 4], rows strided
+    k, v = torch.randn(4, 5, 3, 4, generator=gen), torch.randn(4, 5, 3, 4, generator=gen)
+    assert q.stride(-1) != 1
+    keep = torch.rand(3, 3, generator=gen) < 0.5
+    keep[:, 0] = True
+    additive = torch.zeros(3, 3).masked_fill(~keep, float("-inf"))
+    for causal in (False, True):
+        for mask in (None, keep):
+            for scale in (-1.0, 0.5):
+                torch.testing.assert_close(
+                    _attention(q, k, v, mask, scale=scale, causal=causal),
+                    _attention_math(q, k, v, None if mask is None else additive, scale, causal))
+
+
+@pytest.mark.parametrize("attrs, grad, message", [
+    ({"dilation": [0]}, (5, 5, 3), r"dilation must be >= 1"),
+    ({}, (5, 5, 4), r"grad f32\[5,5,4\] is not the shape conv gives"),
+])
+def test_conv_backward_rule_holds_the_forward_rules(attrs, grad, message):
+    """Found by `opweave fuzz`: conv_backward checked nothing, so a graph with dilation 0
+    passed the rules (eager's convolution_backward accepted it) and the compile failed."""
+    graph = Graph("conv_backward")
+    g = graph.add_input("g", TensorType(grad, torch.float32))
+    x = graph.add_input("x", TensorType((5, 5, 3), torch.float32))
+    w = graph.add_input("w", TensorType((5, 5, 3), torch.float32))
+    full = {"stride": [1], "padding": [1], "dilation": [1], "groups": 1,
+            "output_mask": [1, 1, 1], **attrs}
+    with pytest.raises(registry.ShapeError, match=message):
+        graph.add("conv_backward", [g, x, w], full)
+
+
 @pytest.mark.parametrize("x, w, out", [((4, 0, 1), (4, 0, 1), (4, 0, 3)),
                                         ((0, 2, 5), (3, 2, 2), (0, 3, 6))])
 def test_conv_of_an_empty_input_has_the_shape_torch_gives(x, w, out):

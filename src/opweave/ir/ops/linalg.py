@@ -70,6 +70,13 @@ def _attention(q, k, v, mask=None, *, scale, causal):
         return _attention_math(q, k, v, mask, scale, causal)
     if mask is not None and mask.dim() < 4:  # the kernel takes 2-d or 4-d masks
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    # it reads rows as contiguous (SDPA's dispatcher checks that; calling it directly does
+    # not): a transposed operand gave garbage (found by `opweave fuzz`)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    if scale < 0:  # it masks before it scales: -inf * -1 gave NaN; (-q) k^T * |scale| is equal
+        q, scale = -q, -scale
+    if mask is not None and mask.stride(-1) != 1:
+        mask = mask.contiguous()
     return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
 
@@ -144,7 +151,13 @@ define("conv", None, MANY, _conv_shape, _same_float_dtype, _conv, attrs=_CONV_AT
 
 
 def _conv_backward_shape(ins, attrs):
+    """The forward conv's rules hold (strides, dilations, groups, shapes), and `grad` has
+    the shape that conv gives."""
     grad, x, w = ins
+    (out,) = _conv_shape([x, w], attrs)
+    if tuple(grad.shape) != tuple(out):
+        raise ShapeError(f"conv_backward: grad {grad} is not the shape conv gives for input {x} "
+                         f"and weight {w} ({list(out)})")
     mask = attrs["output_mask"]
     shapes = [x.shape, w.shape, (w.shape[0],)]
     return [s for s, keep in zip(shapes, mask) if keep]
