@@ -14,7 +14,8 @@ ACTIONS = ("show", "stats", "export", "import", "ranker", "machine")
 def add_parsers(sub, default_path: str | None) -> None:
     """`default_path`: the database of the user's options (the top-level CLI reads them)."""
     p = sub.add_parser(
-        "tune", help="tune a model's configuration; show, stats, export, import the database",
+        "tune", help="tune a model's configuration; show, stats, export, import the database; "
+                     "train the ranker; measure the machine",
         description="opweave tune MODEL [--small] [--trials N | --budget SECONDS]: search the "
                     "model's whole-graph configurations and record the best per graph. "
                     "opweave tune show [--all] | stats | export FILE | import FILE: the database. "
@@ -22,7 +23,7 @@ def add_parsers(sub, default_path: str | None) -> None:
                     "forms on the database, report its held-out scores and store it. "
                     "opweave tune machine [--threads N]: measure this machine's roofline "
                     "(GEMM peak, DRAM and cache bandwidth, per-op cost) for the cost model.")
-    p.add_argument("what", metavar="MODEL|show|stats|export|import")
+    p.add_argument("what", metavar="MODEL|" + "|".join(ACTIONS))
     p.add_argument("file", nargs="?", help="the JSON-lines file of export and import")
     p.add_argument("--db", default=None,
                    help="database path (default: $OPWEAVE_TUNING_DB or the cache directory's)")
