@@ -22,6 +22,7 @@ from . import cost, tune
 from .tune import configs, roofline
 from .files import atomic_write
 from .ir import Graph, verify
+from .ir.outline import OutlineNode, outline
 from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
@@ -179,6 +180,7 @@ class CompiledGraph:
     reports: list[PassReport] = field(default_factory=list)
     key: tuple[str, str] | None = None  # the input graph's tune.configs.graph_key
     options: Options | None = None      # what it was compiled with (tuned or not)
+    input_outline: list[OutlineNode] = field(default_factory=list)  # before the passes
 
     def __call__(self, *tensors):
         return self.executor(*tensors)
@@ -243,6 +245,7 @@ def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
     """Run every pass over `graph` and lower it to an executor, with the graph's tuned
     configuration and this machine's measured roofline when the database has them."""
     key = configs.graph_key(graph)
+    before = outline(graph)
     options, tuned = _tuned_options(graph, key[0], options)
     machine, measured = _measured_machine(graph, options)
     run = PassRun(options, graph.name)
@@ -251,7 +254,7 @@ def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
         for p in GRAPH_PASSES:
             graph = run.apply(p, graph)
         executor = run.lower(graph)
-    return CompiledGraph(graph, executor, run.reports, key, options)
+    return CompiledGraph(graph, executor, run.reports, key, options, before)
 
 
 __all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "TuningWarning", "CompiledGraph",

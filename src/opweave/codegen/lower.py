@@ -227,6 +227,7 @@ class CppKernel:
 
     def __init__(self, fn, src: KernelSource):
         self.fn = fn
+        self.source = src  # what the profiler shows of it
         self.address = ctypes.cast(fn, ctypes.c_void_p).value
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,9 @@ class KernelSource:
     # every input has the output's shape and no row reduction: the kernel only pairs up
     # elements, so it runs on any layout the inputs share (channels-last, say)
     layout_free: bool = False
+    # the line of `body` (1-based) where each member node's value is computed, 0 where
+    # it has no line of its own (a reduction's accumulator): the profiler's lowest level
+    node_lines: dict = field(default_factory=dict)
 
 
 class _Emitter:
@@ -211,7 +214,16 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     name = f"ow_k_{digest}"
     src = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
     layout_free = em.elementwise
-    return KernelSource(name, src, em.inputs, em.outputs, layout_free)
+    return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
+
+
+def _node_lines(em, src: str) -> dict:
+    lines = src.splitlines()
+    found = {}
+    for node in em.members:
+        declared = f" {em.names[node.outputs[0]]} = "
+        found[node] = next((i for i, text in enumerate(lines, 1) if declared in text), 0)
+    return found
 
 
 def _stores(em, nodes, at: str) -> list[str]:

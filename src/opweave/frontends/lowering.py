@@ -7,12 +7,13 @@ node to eager PyTorch instead.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.fx as fx
 
-from ..ir import Graph, TensorType, Value, dtypes
+from ..ir import Graph, TensorType, Value, dtypes, provenance
 
 
 class Unsupported(Exception):
@@ -122,14 +123,20 @@ class LoweringContext:
 
 
 def source_of(node: fx.Node) -> str:
-    """A short provenance string: the FX node and the innermost user source line."""
-    where = node.name
+    """A short provenance string (ir.provenance): the FX node, the innermost source line
+    outside torch itself (`nn.Linear.forward` is not where the user wrote the layer) and
+    the module it ran in."""
+    frame = ""
     stack = node.meta.get("stack_trace")
     if stack:
         frames = [line.strip() for line in stack.strip().splitlines() if line.strip().startswith("File")]
+        outside = [f for f in frames if _TORCH_DIR not in f]
         if frames:
-            where += " @ " + frames[-1].replace("File ", "")
-    return where
+            frame = (outside or frames)[-1]
+    return provenance.describe(node.name, frame, provenance.module_path(node.meta.get("nn_module_stack")))
+
+
+_TORCH_DIR = str(Path(torch.__file__).parent) + "/"
 
 
 def _const_name(node: fx.Node) -> str:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import heapq
 import operator
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.fx as fx
@@ -145,6 +146,7 @@ class CompiledProgram:
         self._build_segments()
         self._plan_frees()
         self._dense = self._dense_values()
+        self._calls = self._make_calls()
 
     # -- classification ------------------------------------------------------------------
     def _classify(self, graph: fx.Graph):
@@ -247,24 +249,50 @@ class CompiledProgram:
                 self._frees[i].append(slot[node])
 
     # -- running ---------------------------------------------------------------------------
+    def _make_calls(self) -> list[Callable[[list], None]]:
+        """One function per step, reading its arguments from and writing its results to
+        the call's value list."""
+        slot, dense = self._slot, self._dense
+        calls = []
+        for step in self.steps:
+            if isinstance(step, _Segment):
+                ins = [slot[n] for n in step.inputs]
+                outs = [slot[n] for n in step.outputs]
+
+                def segment(env, step=step, ins=ins, outs=outs):
+                    results = step.executor(*[env[i] for i in ins])
+                    for s, value in zip(outs, results):
+                        env[s] = value
+                calls.append(segment)
+            else:
+                def eager(env, node=step):
+                    def read(n):
+                        return _read(env[slot[n]], n, dense)
+                    env[slot[node]] = node.target(*fx.node.map_arg(node.args, read),
+                                                  **fx.node.map_arg(node.kwargs, read))
+                calls.append(eager)
+        return calls
+
     def __call__(self, *args):
         env = list(self._base_env)
         for node, value in zip(self.placeholders, args):
             env[self._slot[node]] = value
-        for step, frees in zip(self.steps, self._frees):
-            if isinstance(step, _Segment):
-                results = step.executor(*[env[self._slot[n]] for n in step.inputs])
-                for node, value in zip(step.outputs, results):
-                    env[self._slot[node]] = value
-            else:
-                dense = self._dense
-                fn_args = fx.node.map_arg(step.args, lambda n: _read(env[self._slot[n]], n, dense))
-                fn_kwargs = fx.node.map_arg(step.kwargs,
-                                            lambda n: _read(env[self._slot[n]], n, dense))
-                env[self._slot[step]] = step.target(*fn_args, **fn_kwargs)
+        for call, frees in zip(self._calls, self._frees):
+            call(env)
             for s in frees:
                 env[s] = None
         return fx.node.map_arg(self.output_node.args[0], lambda n: env[self._slot[n]])
+
+    @contextmanager
+    def instrumented(self, wrap: Callable[[int, Callable], Callable]):
+        """Meanwhile, step i (a segment or an eager op, `self.steps[i]`) runs as
+        `wrap(i, fn)(env)`; for the profiler. One thread at a time."""
+        saved = self._calls
+        self._calls = [wrap(i, call) for i, call in enumerate(saved)]
+        try:
+            yield
+        finally:
+            self._calls = saved
 
     @property
     def graphs(self) -> list[Graph]:

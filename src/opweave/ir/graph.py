@@ -34,7 +34,7 @@ class Node:
     inputs: list[Value]
     attrs: dict
     outputs: list[Value] = field(default_factory=list)
-    source: str = ""  # where the node came from (frontend node, source line); free text
+    source: str = ""  # where the node came from: ir.provenance writes and reads it
 
     @property
     def opdef(self) -> registry.OpDef:

@@ -11,8 +11,7 @@ import torch
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..options import Options
-from ..pipeline import compile_graph
-from ..runtime.executor import Executor
+from ..pipeline import CompiledGraph, compile_graph
 from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
 from .importer import DeclaredInput, Lowering, declared_inputs, decode_initializers, value_inputs
@@ -37,8 +36,7 @@ def _unaliased(outputs, owned: set[int]) -> list:
 
 @dataclass
 class _Specialization:
-    graph: Graph
-    executor: Executor
+    compiled: CompiledGraph
     runtime_inputs: list[str]  # the inputs the graph takes (value inputs are folded in)
     weight_storages: set[int]  # storage addresses of the constants, for `_unaliased`
 
@@ -133,7 +131,7 @@ class OnnxModel:
                             initializers=self._initializers)
         compiled = compile_graph(lowering.lower(types, values), self.options)
         runtime = [n for n in self.input_names if n not in values]
-        self._cache[key] = _Specialization(compiled.graph, compiled.executor, runtime,
+        self._cache[key] = _Specialization(compiled, runtime,
                                            _storages(compiled.graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
@@ -144,9 +142,21 @@ class OnnxModel:
         """The IR graph for the declared shapes (with `dims` for symbolic dims, and
         `values` for the inputs in `value_inputs`)."""
         values = {n: to_tensor(v, f"input {n!r}") for n, v in (values or {}).items()}
-        return self.specialize(self.input_types(dims), values).graph
+        return self.specialize(self.input_types(dims), values).compiled.graph
 
     def __call__(self, *args, **kwargs):
+        spec, tensors, as_numpy = self._prepare(args, kwargs)
+        outputs = _unaliased(spec.compiled(*[tensors[n] for n in spec.runtime_inputs]),
+                             spec.weight_storages | _storages(tensors.values()))
+        return [to_numpy(o) for o in outputs] if as_numpy else list(outputs)
+
+    def compiled_for(self, *args, **kwargs) -> tuple[CompiledGraph, list[torch.Tensor]]:
+        """The compiled graph a call with these inputs runs, and the tensors it is given
+        (for the profiler)."""
+        spec, tensors, _ = self._prepare(args, kwargs)
+        return spec.compiled, [tensors[n] for n in spec.runtime_inputs]
+
+    def _prepare(self, args, kwargs):
         arrays = self._arguments(args, kwargs)
         as_numpy = not any(isinstance(a, torch.Tensor) for a in arrays.values())
         tensors = {}
@@ -159,9 +169,7 @@ class OnnxModel:
         self.bind({n: tuple(t.shape) for n, t in tensors.items()})
         types = {n: TensorType(tuple(t.shape), t.dtype) for n, t in tensors.items()}
         spec = self.specialize(types, {n: tensors[n] for n in self.value_inputs})
-        outputs = _unaliased(spec.executor(*[tensors[n] for n in spec.runtime_inputs]),
-                             spec.weight_storages | _storages(tensors.values()))
-        return [to_numpy(o) for o in outputs] if as_numpy else list(outputs)
+        return spec, tensors, as_numpy
 
     def _arguments(self, args, kwargs) -> dict:
         if len(args) > len(self.input_names):

@@ -15,6 +15,7 @@ runs the steps here.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
@@ -120,6 +121,26 @@ class Executor:
         if native.pending:
             return native.call(self._run, inputs)
         return self._run(inputs)
+
+    @contextmanager
+    def instrumented(self, wrap: Callable[[int, Callable], Callable]):
+        """Meanwhile, calls run the Python steps with step i's function replaced by
+        `wrap(i, fn)` (the profiler's timers); the native plan waits. Nothing of this is
+        on the normal path: profiling off costs nothing. One thread at a time."""
+        saved = self._steps
+        self._steps = [(wrap(i, call), ins, outs, frees)
+                       for i, (call, ins, outs, frees) in enumerate(saved)]
+        try:
+            with self.native.suspended("suspended while profiling"):
+                yield
+        finally:
+            self._steps = saved
+
+    def step_nodes(self) -> list[list]:
+        """The IR nodes each step computes, in step order."""
+        if self.lowered_steps is not None:
+            return [list(s.nodes) for s in self.lowered_steps]
+        return [[n] for n in self.graph.nodes if n.op != "constant"]
 
     def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The steps, from Python."""

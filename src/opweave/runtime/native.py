@@ -31,6 +31,7 @@ import sysconfig
 import threading
 import warnings
 import weakref
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
@@ -315,6 +316,19 @@ class NativeState:
     @property
     def pending(self) -> bool:
         return self.plan is None and self.reason is None
+
+    @contextmanager
+    def suspended(self, why: str):
+        """Calls run the Python steps meanwhile (the profiler times them one by one); the
+        plan, or the progress towards one, is back afterwards."""
+        with self._lock:
+            saved = self.plan, self.reason
+            self.plan, self.reason = None, why
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.plan, self.reason = saved
 
     def describe(self) -> str:
         if self.plan is not None:

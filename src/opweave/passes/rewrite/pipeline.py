@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 
 from ...cost import node_seconds
-from ...ir import Graph, verify
+from ...ir import Graph, provenance, verify
 from . import extract
 from .rule import RULESETS, all_rules
 from .saturate import Limits, saturate
@@ -199,12 +199,9 @@ def _fired(choice: dict[int, ENode], roots: list[int], store: Store) -> dict[str
 
 
 def _short(source: str) -> str:
-    """`name @ "file", line N, in f` -> `file:N`."""
-    if '"' not in source:
-        return source.split(" @ ")[0]
-    path = source.split('"')[1].rsplit("/", 1)[-1]
-    line = source.split("line ")[-1].split(",")[0] if "line " in source else "?"
-    return f"{path}:{line}"
+    """A node's source as `file:N`, or its frontend node where no line is known."""
+    where = provenance.parse(source)
+    return where.location.rsplit("/", 1)[-1] or where.node
 
 
 __all__ = ["RewriteOptions", "RewriteReport", "rewrite"]

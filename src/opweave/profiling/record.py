@@ -1,0 +1,284 @@
+"""Running a compiled model with a timer around every step.
+
+A compiled model's call is a program of steps: segments (IR graphs run by an Executor,
+each a list of kernels, library calls and single ops) and eager ops between them. The
+profiler swaps each step's function for a timed one (`instrumented`, nothing of which is
+on the normal path) and runs the Python steps, since the native plan replays a whole
+graph in one C++ call. Every call's time is cut into *sites*: the leaves (a kernel, a
+library call, an op, an eager op) and the runtime between them, so the sites' times add
+up to the measured call exactly.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from ..ir import Node, Value
+from ..pipeline import CompiledGraph
+
+KINDS = {
+    "cpp": "generated kernel",
+    "library": "library call",
+    "op": "single op",
+    "reference": "torch ops in sequence",
+    "eager": "eager PyTorch (not compiled)",
+    "runtime": "runtime between steps",
+}
+
+
+@dataclass
+class Site:
+    """One place a call spends time."""
+    index: int
+    kind: str                      # a key of KINDS
+    name: str                      # what runs: the fused ops, the library form, the op
+    graph: str = ""                # the IR graph, "" outside one
+    nodes: list[Node] = field(default_factory=list)  # IR nodes it computes
+    inputs: list[Value] = field(default_factory=list)
+    outputs: list[Value] = field(default_factory=list)
+    source: str = ""               # provenance of an eager op (ir.provenance)
+    kernel: object = None          # the codegen KernelSource of a generated kernel
+    ns: int = 0                    # total over the profiled calls
+
+    @property
+    def label(self) -> str:
+        if self.graph and self.kind != "runtime":
+            return f"{self.graph}[{self.index}] {self.name}"
+        return self.name
+
+
+@dataclass
+class Event:
+    site: int
+    start: int   # ns since the profile began
+    end: int
+    call: int    # which profiled call
+
+
+@dataclass
+class Recording:
+    sites: list[Site]
+    events: list[Event]
+    calls: int
+    call_ns: list[int]             # each profiled call's total
+    plain_ns: list[int]            # calls as the user runs them (native plan where active)
+    python_ns: list[int]           # the Python steps, untimed: the profiler's own cost
+    graphs: list[CompiledGraph]
+    timed_per_call: int            # timers a profiled call runs
+    kept: list[int] = field(default_factory=list)  # the calls the sites' times are from
+
+    @property
+    def total_seconds(self) -> float:
+        """Mean seconds of the kept calls: what every level's rows add up to."""
+        return sum(self.call_ns[i] for i in self.kept) / len(self.kept) / 1e9
+
+    def site_seconds(self, site: "Site") -> float:
+        """The site's mean seconds per kept call."""
+        return site.ns / len(self.kept) / 1e9
+
+    def median(self, which: list[int]) -> float:
+        return statistics.median(which) / 1e9 if which else float("nan")
+
+
+class Target:
+    """What to profile: a call, and the program (or single graph) it runs."""
+
+    def __init__(self, call: Callable[[], object], program=None,
+                 graph: CompiledGraph | None = None, name: str = "model"):
+        self.call, self.program, self.graph, self.name = call, program, graph, name
+
+
+def record(target: Target, runs: int, warmup: int) -> Recording:
+    """`warmup` calls, then `runs` rounds of three interleaved calls: as the user runs
+    it, through the Python steps untimed, and timed."""
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, got {runs}")
+    sites, graphs, layout = _sites(target)
+    events: list[Event] = []
+    clock = _Clock(events)
+    result = Recording(sites, events, runs, [], [], [], graphs, 0)
+    with torch.no_grad():
+        for _ in range(warmup):
+            target.call()
+        for call in range(runs):
+            result.plain_ns.append(_timed(target.call))
+            with _instrumented(target, layout, lambda site, fn: fn):
+                result.python_ns.append(_timed(target.call))
+            clock.call, before = call, len(events)
+            with _instrumented(target, layout, clock.wrap):
+                start = time.perf_counter_ns()
+                target.call()
+                end = time.perf_counter_ns()
+            clock.close(start, end, layout.get("whole", 0))
+            result.call_ns.append(end - start)
+            result.timed_per_call = len(events) - before
+    # Noise on a shared machine only ever adds time: the sites' times come from the
+    # calls at or below the median (the quieter half), and so does the total.
+    middle = statistics.median(result.call_ns)
+    result.kept = [i for i, ns in enumerate(result.call_ns) if ns <= middle]
+    kept = set(result.kept)
+    for e in events:
+        if e.call in kept:
+            sites[e.site].ns += e.end - e.start
+    clock.rebase(result)
+    return result
+
+
+def _timed(fn) -> int:
+    start = time.perf_counter_ns()
+    fn()
+    return time.perf_counter_ns() - start
+
+
+class _Clock:
+    """Appends an Event per timed step; what no leaf covers becomes runtime events."""
+
+    def __init__(self, events: list[Event]):
+        self.events = events
+        self.call = 0
+        self.origin: int | None = None
+        self._open: list[tuple[int, int, int]] = []  # (runtime site, start, end) containers
+
+    def wrap(self, site: "_Slot", fn: Callable) -> Callable:
+        events, now = self.events, time.perf_counter_ns
+        index, container = site.index, site.container
+
+        if container:  # a segment: the time between its kernels is runtime
+            def timed(*args):
+                start = now()
+                result = fn(*args)
+                self._open.append((index, start, now()))
+                return result
+            return timed
+
+        def timed(*args):
+            start = now()
+            result = fn(*args)
+            events.append(Event(index, start, now(), self.call))
+            return result
+        return timed
+
+
+    def close(self, start: int, end: int, outer: int) -> None:
+        """The call's runtime sites get what its leaves did not cover: a segment's time
+        between its kernels goes to the segment's runtime site, the call's time outside
+        every step to `outer`."""
+        leaves = [e for e in self.events if e.call == self.call and e.start >= start]
+        runtime = []
+        for site, c_start, c_end in self._open:
+            inside = [e for e in leaves if c_start <= e.start and e.end <= c_end]
+            runtime += _gaps(site, c_start, c_end, inside, self.call)
+        steps = leaves + [Event(site, s, e, self.call) for site, s, e in self._open]
+        runtime += _gaps(outer, start, end, steps, self.call)
+        self._open = []
+        self.events.extend(runtime)
+
+    def rebase(self, result: Recording) -> None:
+        """Event times from the first profiled call's start (trace timestamps)."""
+        if not self.events:
+            return
+        origin = min(e.start for e in self.events)
+        for e in self.events:
+            e.start -= origin
+            e.end -= origin
+        self.events.sort(key=lambda e: (e.start, -e.end))
+
+
+def _gaps(site: int, start: int, end: int, inside: list[Event], call: int) -> list[Event]:
+    """Events of `site` covering [start, end) minus the intervals in `inside`."""
+    gaps, at = [], start
+    for e in sorted(inside, key=lambda e: e.start):
+        if e.start > at:
+            gaps.append(Event(site, at, e.start, call))
+        at = max(at, e.end)
+    if end > at:
+        gaps.append(Event(site, at, end, call))
+    return gaps
+
+
+@dataclass
+class _Slot:
+    index: int
+    container: bool = False
+
+
+def _sites(target: Target):
+    """The sites of `target`'s calls, and how its steps map to them: site 0 is the
+    runtime outside every graph (binding arguments, checks, outputs)."""
+    sites = [Site(0, "runtime", "call: binding, checks, outputs, Python between steps")]
+    graphs: list[CompiledGraph] = []
+    layout: dict = {"program": {}, "executors": []}  # step -> _Slot
+    if target.program is not None:
+        from ..frontends.lowering import source_of
+
+        for i, step in enumerate(target.program.steps):
+            compiled = getattr(step, "compiled", None)
+            if compiled is None:  # an eager op
+                sites.append(Site(len(sites), "eager", _eager_name(step), source=source_of(step)))
+                layout["program"][i] = _Slot(sites[-1].index)
+                continue
+            runtime = _graph_sites(sites, graphs, layout, compiled)
+            layout["program"][i] = _Slot(runtime, container=True)
+    elif target.graph is not None:
+        _graph_sites(sites, graphs, layout, target.graph)
+    else:
+        sites.append(Site(1, "eager", f"{target.name} (whole model in eager PyTorch)"))
+        layout["whole"] = sites[-1].index
+    return sites, graphs, layout
+
+
+def _graph_sites(sites, graphs, layout, compiled: CompiledGraph) -> int:
+    """Sites for one compiled graph's steps; returns its runtime site's index."""
+    graphs.append(compiled)
+    executor = compiled.executor
+    name = compiled.graph.name
+    runtime = len(sites)
+    sites.append(Site(runtime, "runtime", f"{name}: Python between steps, input checks",
+                      graph=name))
+    steps = executor.lowered_steps
+    slots = {}
+    for j, nodes in enumerate(executor.step_nodes()):
+        step = steps[j] if steps is not None else None
+        kind = step.kind if step is not None else "op"
+        fn = step.fn if step is not None else None
+        what = step.name if step is not None and step.name else "+".join(n.op for n in nodes)
+        if kind == "cpp":
+            what = "fused " + "+".join(n.op for n in nodes)
+        sites.append(Site(len(sites), kind, what, graph=name, nodes=nodes,
+                          inputs=list(step.inputs) if step else list(nodes[0].inputs),
+                          outputs=list(step.outputs) if step else list(nodes[0].outputs),
+                          kernel=getattr(fn, "source", None)))
+        slots[j] = _Slot(sites[-1].index)
+    layout["executors"].append((executor, slots, runtime))
+    return runtime
+
+
+def _eager_name(node) -> str:
+    from ..frontends.program import op_name
+
+    return f"eager {op_name(node)}"
+
+
+def _instrumented(target: Target, layout, wrap):
+    stack = ExitStack()
+    for executor, slots, runtime in layout["executors"]:
+        stack.enter_context(executor.instrumented(lambda j, fn, slots=slots: wrap(slots[j], fn)))
+    if target.program is not None:
+        program_slots = layout["program"]
+        stack.enter_context(target.program.instrumented(
+            lambda i, fn: wrap(program_slots[i], fn)))
+    return stack
+
+
+def leaves(recording: Recording) -> list[Site]:
+    """Sites that took time, the runtime ones included."""
+    return [s for s in recording.sites if s.ns > 0]
+
+
+def input_bytes(values: Sequence[Value]) -> int:
+    return sum(v.type.nbytes for v in values)
