@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.installed-bench
 PIP_TOOLS := pip-tools==7.6.2
 
-.PHONY: demo test bench install lock clean
+.PHONY: demo test bench browser install lock clean
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ bench: $(BENCH_STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2 --durations=10
+
+# Chromium for the test that opens `opweave profile --html`'s report in a real browser
+# (tests/profiling/test_browser.py; skipped, saying so, without it). Debian's package:
+browser:
+	apt-get update -q && apt-get install -y -q chromium
 
 # Re-resolve every dependency after editing pyproject.toml (tests/test_lock.py fails
 # until the lock agrees with it).

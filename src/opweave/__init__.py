@@ -5,6 +5,7 @@ Public API:
     opweave.explain(model, example_inputs)  -> coverage and IR report
     opweave.from_onnx("model.onnx")         -> a callable (ONNX frontend)
     opweave.to_onnx(graph, "out.onnx")      -> the IR graph written back as ONNX
+    opweave.profile(compiled, inputs)       -> where the time goes (table, trace, HTML)
     torch.compile(model, backend="opweave") works without importing opweave.
 """
 from __future__ import annotations
@@ -55,6 +56,16 @@ def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None):
     from .onnx import from_onnx as _from_onnx
 
     return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options)
+
+
+def profile(compiled, inputs, *, runs=10, warmup=2, name=None):
+    """Where the time of `compiled` (from `compile` or `from_onnx`) goes on `inputs`: per
+    kernel, IR node, ATen/ONNX node, source line and module, each level adding up to the
+    measured call; `.table()`, `.write_trace(path)`, `.write_html(path)`. See
+    `opweave.profiling`."""
+    from .profiling import profile as _profile
+
+    return _profile(compiled, inputs, runs=runs, warmup=warmup, name=name)
 
 
 def to_onnx(graph, path=None):

@@ -155,6 +155,66 @@ def _fuzz(args) -> int:
     return 1 if summary.failed else 0
 
 
+def _profile(args) -> int:
+    import os
+    import warnings
+
+    import torch
+
+    from . import models
+    from .profiling import profile
+
+    torch.set_num_threads(args.threads)
+    if args.model in models.BUILDERS:
+        from .frontends.torch_export import compile as compile_model
+
+        bench = models.build(args.model, small=args.small)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # what ran in eager is in the profile's rows
+            compiled = compile_model(bench.module.eval(), bench.inputs, name=args.model)
+        inputs = list(bench.inputs)
+    elif os.path.isfile(args.model):
+        from .onnx.cli import load_inputs, parse_dims
+        from .onnx.model import from_onnx
+
+        compiled = from_onnx(args.model)
+        arrays = load_inputs(compiled, args.input, parse_dims(args.dim), args.seed,
+                             random_missing=True)
+        inputs = [torch.from_numpy(arrays[n]) for n in compiled.input_names]
+    else:
+        print(f"opweave profile: {args.model!r} is neither a benchmark model nor a file; "
+              f"models: {', '.join(sorted(models.BUILDERS))}", file=sys.stderr)
+        return 2
+    prof = profile(compiled, inputs, runs=args.runs, warmup=args.warmup, name=args.model)
+    print(prof.table(args.top))
+    for path, write in ((args.trace, prof.write_trace), (args.html, prof.write_html)):
+        if path:
+            print(f"wrote {write(path)}")
+    return 0
+
+
+def _add_profile_parser(sub) -> None:
+    import os
+
+    p = sub.add_parser("profile", help="where a compiled model's time goes: per kernel, IR "
+                                       "node, source line and module; trace and HTML report")
+    p.add_argument("model", help="a benchmark model's name, or an .onnx file (random inputs "
+                                 "of its declared shapes unless -i gives them)")
+    p.add_argument("--small", action="store_true", help="the small variant of a benchmark model")
+    p.add_argument("--runs", type=int, default=10, help="profiled calls (default 10)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--top", type=int, default=15, help="rows per table")
+    p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
+    p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
+    p.add_argument("--input", "-i", action="append", metavar="[NAME=]FILE",
+                   help="ONNX: inputs as in `opweave run`")
+    p.add_argument("--dim", action="append", metavar="NAME=SIZE",
+                   help="ONNX: size of a symbolic dimension")
+    p.add_argument("--seed", type=int, default=0, help="ONNX: seed of the random inputs")
+    p.set_defaults(func=_profile)
+
+
 def bench_models(args) -> list[str]:
     """`--models` (default: the benchmark set unless `--zoo`), then the zoo with `--zoo`."""
     from . import models
@@ -214,6 +274,7 @@ def main(argv=None) -> int:
     p.set_defaults(func=_demo)
     _add_bench_parser(sub, models)
     _add_fuzz_parser(sub)
+    _add_profile_parser(sub)
     from .onnx.cli import add_parsers
     from .options import Options
     from .autotune.cli import add_parsers as add_tune_parsers
@@ -222,7 +283,7 @@ def main(argv=None) -> int:
     add_tune_parsers(sub, Options.from_env().tuning_db)
     args = parser.parse_args(argv)
     try:
-        if args.command in ("run", "conformance"):
+        if args.command in ("run", "conformance", "profile"):
             from .onnx.cli import main_guard
 
             return main_guard(args.func, args)

@@ -27,10 +27,17 @@ def header(prof) -> list[str]:
         f"total {prof.levels.total * 1e3:.3f} ms per profiled call (median "
         f"{rec.median(rec.call_ns) * 1e3:.3f}); as run normally {rec.median(rec.plain_ns) * 1e3:.3f} ms "
         f"(median), Python steps untimed {python * 1e3:.3f} ms",
-        f"profiling cost: {extra * 1e3:.3f} ms per call ({extra / python * 100 if python else 0:.1f}%), "
-        f"{per_step * 1e6:.2f} us per timed step, {rec.timed_per_call} timed steps per call",
+        _cost_line(extra, per_step, python, rec.timed_per_call),
         f"roofline: {roof} ({source})",
     ]
+
+
+def _cost_line(extra: float, per_step: float, python: float, steps: int) -> str:
+    if extra <= 0:
+        return (f"profiling cost: below this machine's noise (timed calls were "
+                f"{-extra * 1e3:.3f} ms faster than untimed ones); {steps} timed steps per call")
+    return (f"profiling cost: {extra * 1e3:.3f} ms per call ({extra / python * 100:.1f}%), "
+            f"{per_step * 1e6:.2f} us per timed step, {steps} timed steps per call")
 
 
 def table(prof, top: int = 15) -> str:

@@ -65,6 +65,7 @@ def backtrack(dag: TermDag, rules: list[Rule], cost: CostFn, *, alpha: float = 1
         for rule in rules:
             builder = Builder(current, current, current.store, rule.name)
             for m in find(_Live(current), rule.lhs, index):
+                builder.locate(m)
                 try:
                     new = rule.apply(builder, m)
                 except Reject:
@@ -93,6 +94,7 @@ def _fold(dag: TermDag, folding: list[Rule]) -> TermDag:
         for rule in folding:
             builder = Builder(dag, dag, dag.store, rule.name)
             for m in find(live, rule.lhs, build_index(live)):
+                builder.locate(m)
                 try:
                     replace[m.root] = rule.apply(builder, m)[0]
                 except Reject:

@@ -49,7 +49,17 @@ class Builder:
         self.sink = sink
         self.store = store
         self.rule_name = rule_name
-        self.source = ""  # where the matched root came from; new nodes inherit it
+        self.source = ""  # where the matched root came from; new nodes inherit it...
+        self.sources_by_op: dict[str, str] = {}  # ...or that of a matched node of their op
+
+    def locate(self, match) -> None:
+        """New nodes for `match` inherit the source of the matched node of their own op
+        (a conv with a batch norm folded in keeps the conv's line, so the profiler puts
+        its FLOPs there), else the matched root's."""
+        sources = self.store.sources
+        self.source = sources.get(match.root, "")
+        self.sources_by_op = {n.op: sources[match.classes[k]] for k, n in match.nodes.items()
+                              if match.classes.get(k) in sources}
 
     def op(self, name: str, *inputs: int, **attrs) -> int:
         opdef = registry.get(name)
@@ -63,7 +73,11 @@ class Builder:
         if opdef.is_random:  # an example's random op: never merged with another
             full = {**full, "__uid": self.store.uid()}
         enode = ENode(name, freeze(full), tuple(inputs))
-        return self._add(enode, types[0] if len(types) == 1 else tuple(types))
+        cid = self._add(enode, types[0] if len(types) == 1 else tuple(types))
+        own = self.sources_by_op.get(name)
+        if own:
+            self.store.node_sources.setdefault(enode, own)
+        return cid
 
     def const(self, tensor: torch.Tensor, hint: str = "folded") -> int:
         enode = self.store.add_constant(tensor, hint)

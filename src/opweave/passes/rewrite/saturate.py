@@ -70,7 +70,7 @@ def saturate(dag: TermDag, rules: list[Rule], limits: Limits = Limits()) -> Satu
                 continue
             builder = Builder(snap, egraph, dag.store, rule.name)
             for m in matches:
-                builder.source = dag.store.sources.get(m.root, "")
+                builder.locate(m)
                 try:
                     new = rule.apply(builder, m)
                 except Reject:

@@ -72,6 +72,9 @@ class Store:
     _pending: dict[str, Callable[[], torch.Tensor]] = field(default_factory=dict)
     created_by: dict[ENode, str] = field(default_factory=dict)        # e-node -> rule name
     sources: dict[int, str] = field(default_factory=dict)             # class -> IR source text
+    # a rule's new node -> the source of the matched node of its op, which says better
+    # than its class's where its work comes from (a conv with a batch norm folded in)
+    node_sources: dict = field(default_factory=dict)
     first_node: dict[int, ENode] = field(default_factory=dict)        # class -> node it began as
     fold_names: dict[Any, str] = field(default_factory=dict)          # folded term -> constant
     # constant -> (dim, the constants it concatenates along dim): a folded cat of cats is
@@ -299,7 +302,7 @@ def to_graph(choice: dict[int, ENode], roots: list[int], template: Graph, store:
             return inputs[node.attr("index")]
         if node.op == "get":
             return values[node.children[0]][node.attr("index")]
-        source = store.sources.get(cid, "")
+        source = store.node_sources.get(node) or store.sources.get(cid, "")
         if node.op == "constant":
             name = node.attr("name")
             if name not in used_constants:
