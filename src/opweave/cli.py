@@ -23,6 +23,16 @@ def _explain(args) -> int:
                                        rewrite=args.rewrite).graphs:
                 print()
                 print(graph, end="")
+    if args.html:
+        import warnings
+
+        from .profiling import profile
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = compile_model(bench.module.eval(), bench.inputs, name=args.model,
+                                     rewrite=args.rewrite)
+        print(f"wrote {profile(compiled, bench.inputs, runs=3, name=args.model).write_html(args.html)}")
     return 0
 
 
@@ -243,6 +253,9 @@ def main(argv=None) -> int:
     p.add_argument("model", choices=sorted(models.BUILDERS))
     p.add_argument("--small", action="store_true", help="the small test variant")
     p.add_argument("--ir", action="store_true", help="also print the IR")
+    p.add_argument("--html", metavar="PATH", help="also write the HTML report of `opweave "
+                   "profile` (graphs before and after rewriting, fusion groups, why a node "
+                   "runs alone; timed over 3 calls)")
     p.add_argument("--no-graph-breaks", action="store_true",
                    help="skip the torch.compile graph-break count (faster)")
     p.add_argument("--rewrite", choices=("eqsat", "greedy", "backtrack", "off"), default=None,
