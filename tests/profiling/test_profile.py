@@ -168,8 +168,7 @@ def test_an_onnx_model_is_profiled_too(tmp_path):
     opweave.to_onnx(g, path)
     model = opweave.from_onnx(path)
     prof = opweave.profile(model, [torch.randn(32, 64)], runs=2, warmup=1)
-    assert {r.key for r in prof.levels.frontend} & {"onnx:MatMul", "onnx:Relu"} or \
-        any(k.startswith("onnx:") for k in (r.key for r in prof.levels.frontend))
+    assert any(r.key.startswith("onnx:") and r.seconds > 0 for r in prof.levels.frontend)
     for total in _sums(prof).values():
         assert total == pytest.approx(prof.levels.total, rel=1e-9)
 
@@ -220,3 +219,14 @@ def test_the_cli_refuses_what_is_neither_a_model_nor_a_file(capsys):
 def test_profile_refuses_a_plain_module():
     with pytest.raises(TypeError, match="opweave.compile or opweave.from_onnx"):
         opweave.profile(TwoLayers(), [torch.randn(2, 64)])
+
+
+def test_the_cli_profiles_an_onnx_file(tmp_path, capsys):
+    g = Graph("tiny")
+    x = g.add_input("x", TensorType((8, 16), torch.float32))
+    g.outputs = [g.add1("tanh", [g.add1("matmul", [x, g.add_constant("w", torch.randn(16, 16))])])]
+    path = tmp_path / "tiny.onnx"
+    opweave.to_onnx(g, path)
+    assert main(["profile", str(path), "--runs", "2", "--warmup", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "opweave profile of" in out and "each level adds up" in out
