@@ -195,7 +195,8 @@ def _profile(args) -> int:
         print(f"opweave profile: {args.model!r} is neither a benchmark model nor a file; "
               f"models: {', '.join(sorted(models.BUILDERS))}", file=sys.stderr)
         return 2
-    prof = profile(compiled, inputs, runs=args.runs, warmup=args.warmup, name=args.model)
+    prof = profile(compiled, inputs, runs=args.runs, warmup=args.warmup, name=args.model,
+                   measure_machine=True)
     print(prof.table(args.top))
     for path, write in ((args.trace, prof.write_trace), (args.html, prof.write_html)):
         if path:

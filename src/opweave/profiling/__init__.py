@@ -27,7 +27,7 @@ class Profile:
     levels: Levels
     roofs: dict[int, Roof]          # site index -> its roofline figures
     machine: Machine
-    machine_measured: bool          # from `opweave tune machine`, else the defaults
+    machine_source: str             # where its figures come from, in words
     cpu: str = ""
     programs: list = field(default_factory=list)  # the CompiledProgram profiled, if any
 
@@ -56,18 +56,20 @@ class Profile:
 
 
 def profile(compiled, inputs: Sequence, *, runs: int = 10, warmup: int = 2,
-            name: str | None = None) -> Profile:
+            name: str | None = None, measure_machine: bool = False) -> Profile:
     """Profile `compiled` (from `opweave.compile` or `opweave.from_onnx`) on `inputs`:
     `warmup` calls, then `runs` timed ones (each beside an untimed call, to state what
-    the timers cost). The steps run from Python while profiled; see record.py."""
+    the timers cost). The steps run from Python while profiled; see record.py.
+    The roofline is the one `opweave tune machine` stored; without one, measured now
+    (and stored) with `measure_machine`, else the cost model's defaults."""
     target = _target(compiled, list(inputs), name)
     recording = record(target, runs, warmup)
     result = levels(recording)
     check_totals(result)
-    machine, measured = _machine(recording)
+    machine, source = _machine(recording, measure_machine)
     roofs = {s.index: site_roof(s, recording.site_seconds(s), machine)
              for s in recording.sites if s.ns}
-    return Profile(target.name, recording, result, roofs, machine, measured, _cpu_line(),
+    return Profile(target.name, recording, result, roofs, machine, source, _cpu_line(),
                    [target.program] if target.program is not None else [])
 
 
@@ -86,20 +88,30 @@ def _target(compiled, inputs: list, name: str | None) -> Target:
                     f"returned, not {type(compiled).__name__}")
 
 
-def _machine(recording: Recording) -> tuple[Machine, bool]:
-    """The roofline `opweave tune machine` stored for this machine, else the defaults."""
+def _machine(recording: Recording, measure: bool) -> tuple[Machine, str]:
+    """The roofline and where it comes from (see `profile`)."""
+    import time
+
     from .. import cost, tune
+    from ..cost.machine import measure as measure_now
     from ..tune import roofline
 
-    for graph in recording.graphs:
-        db_path = graph.options.tuning_db if graph.options is not None else None
-        try:
-            machine = roofline.load(tune.open_db(db_path))
-        except Exception:  # noqa: BLE001  (an unreadable database: the defaults)
-            machine = None
-        if machine is not None:
-            return machine, True
-    return cost.active(), False
+    db_path = next((g.options.tuning_db for g in recording.graphs if g.options is not None), None)
+    try:
+        db = tune.open_db(db_path)
+        stored = roofline.load(db)
+    except Exception:  # noqa: BLE001  (an unreadable database: as if it had nothing)
+        db, stored = None, None
+    if stored is not None:
+        return stored, "measured by `opweave tune machine`"
+    if not measure:
+        return cost.active(), "the cost model's defaults: run `opweave tune machine` to measure"
+    start = time.perf_counter()
+    machine, about = measure_now()
+    if db is not None:
+        roofline.store(db, machine, about, time.perf_counter() - start)
+        return machine, f"measured now, stored in {db.path}"
+    return machine, "measured now"
 
 
 def _cpu_line() -> str:

@@ -18,8 +18,6 @@ def header(prof) -> list[str]:
             + (f", {m.cache_bandwidth / 1e9:.0f} GB/s within {m.cache_bytes / 2 ** 20:.2f} MiB"
                if m.cache_bandwidth else "")
             + f", {m.launch * 1e6:.1f} us per step")
-    source = "measured by `opweave tune machine`" if prof.machine_measured else \
-        "defaults: run `opweave tune machine` to measure this machine"
     return [
         f"opweave profile of {prof.name}: {rec.calls} profiled calls; times are the mean of "
         f"the {len(rec.kept)} at or below the median (noise only adds time)",
@@ -28,7 +26,7 @@ def header(prof) -> list[str]:
         f"{rec.median(rec.call_ns) * 1e3:.3f}); as run normally {rec.median(rec.plain_ns) * 1e3:.3f} ms "
         f"(median), Python steps untimed {python * 1e3:.3f} ms",
         _cost_line(extra, per_step, python, rec.timed_per_call),
-        f"roofline: {roof} ({source})",
+        f"roofline: {roof} ({prof.machine_source})",
     ]
 
 
