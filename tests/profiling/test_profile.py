@@ -217,7 +217,7 @@ def test_the_cli_refuses_what_is_neither_a_model_nor_a_file(capsys):
 
 
 def test_profile_refuses_a_plain_module():
-    with pytest.raises(TypeError, match="opweave.compile or opweave.from_onnx"):
+    with pytest.raises(TypeError, match="opweave.compile, opweave.from_onnx or torch.compile"):
         opweave.profile(TwoLayers(), [torch.randn(2, 64)])
 
 
@@ -230,3 +230,17 @@ def test_the_cli_profiles_an_onnx_file(tmp_path, capsys):
     assert main(["profile", str(path), "--runs", "2", "--warmup", "1"]) == 0
     out = capsys.readouterr().out
     assert "opweave profile of" in out and "each level adds up" in out
+
+
+def test_a_torch_compile_module_is_profiled_with_dynamos_cost_apart():
+    model = TwoLayers().eval()
+    x = torch.randn(16, 64)
+    compiled = torch.compile(model, backend="opweave")
+    with torch.no_grad():
+        prof = opweave.profile(compiled, [x], runs=2, warmup=1)
+    outside = prof.recording.sites[0]
+    assert outside.name.startswith("torch.compile") and outside.ns > 0
+    assert any(s.kind != "runtime" and s.ns for s in prof.recording.sites)
+    assert {"fc1", "fc2"} <= {r.key for r in prof.levels.modules}
+    for total in _sums(prof).values():
+        assert total == pytest.approx(prof.levels.total, rel=1e-9)

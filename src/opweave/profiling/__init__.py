@@ -29,7 +29,6 @@ class Profile:
     machine: Machine
     machine_source: str             # where its figures come from, in words
     cpu: str = ""
-    programs: list = field(default_factory=list)  # the CompiledProgram profiled, if any
 
     @property
     def overhead(self) -> tuple[float, float]:
@@ -69,23 +68,34 @@ def profile(compiled, inputs: Sequence, *, runs: int = 10, warmup: int = 2,
     machine, source = _machine(recording, measure_machine)
     roofs = {s.index: site_roof(s, recording.site_seconds(s), machine)
              for s in recording.sites if s.ns}
-    return Profile(target.name, recording, result, roofs, machine, source, _cpu_line(),
-                   [target.program] if target.program is not None else [])
+    return Profile(target.name, recording, result, roofs, machine, source, _cpu_line())
 
 
 def _target(compiled, inputs: list, name: str | None) -> Target:
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    from ..frontends.torch_dynamo import compiled_graphs
     from ..frontends.torch_export import CompiledModel
     from ..onnx.model import OnnxModel
 
     if isinstance(compiled, CompiledModel):
         compiled(*inputs)  # the specialization these inputs run
-        program = compiled.program
-        return Target(lambda: compiled(*inputs), program=program, name=name or compiled.name)
+        programs = [compiled.program] if compiled.program is not None else []
+        return Target(lambda: compiled(*inputs), programs, name=name or compiled.name)
     if isinstance(compiled, OnnxModel):
         graph, _ = compiled.compiled_for(*inputs)
         return Target(lambda: compiled(*inputs), graph=graph, name=name or compiled.label)
-    raise TypeError(f"opweave.profile takes what opweave.compile or opweave.from_onnx "
-                    f"returned, not {type(compiled).__name__}")
+    if isinstance(compiled, OptimizedModule):
+        compiled(*inputs)  # Dynamo compiles what these inputs run
+        # every live opweave program may be one this call runs; those it does not take no
+        # time and appear nowhere
+        return Target(lambda: compiled(*inputs), list(compiled_graphs),
+                      name=name or type(compiled._orig_mod).__name__,
+                      outside="torch.compile: Dynamo's guards and wrappers, and the code "
+                              "between its graphs")
+    raise TypeError(f"opweave.profile takes what opweave.compile, opweave.from_onnx or "
+                    f"torch.compile(..., backend=\"opweave\") returned, not "
+                    f"{type(compiled).__name__}")
 
 
 def _machine(recording: Recording, measure: bool) -> tuple[Machine, str]:

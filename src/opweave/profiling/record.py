@@ -86,11 +86,14 @@ class Recording:
 
 
 class Target:
-    """What to profile: a call, and the program (or single graph) it runs."""
+    """What to profile: a call, and the programs (CompiledProgram) or the single graph
+    it may run; `outside` names what the call does outside them."""
 
-    def __init__(self, call: Callable[[], object], program=None,
-                 graph: CompiledGraph | None = None, name: str = "model"):
-        self.call, self.program, self.graph, self.name = call, program, graph, name
+    def __init__(self, call: Callable[[], object], programs=(), graph: CompiledGraph | None = None,
+                 name: str = "model",
+                 outside: str = "call: binding, checks, outputs, Python between steps"):
+        self.call, self.programs, self.graph = call, list(programs), graph
+        self.name, self.outside = name, outside
 
 
 def record(target: Target, runs: int, warmup: int) -> Recording:
@@ -210,23 +213,25 @@ class _Slot:
 def _sites(target: Target):
     """The sites of `target`'s calls, and how its steps map to them: site 0 is the
     runtime outside every graph (binding arguments, checks, outputs)."""
-    sites = [Site(0, "runtime", "call: binding, checks, outputs, Python between steps")]
+    sites = [Site(0, "runtime", target.outside)]
     graphs: list[CompiledGraph] = []
-    layout: dict = {"program": {}, "executors": []}  # step -> _Slot
-    if target.program is not None:
+    layout: dict = {"programs": [], "executors": []}  # (program, step -> _Slot)
+    for program in target.programs:
         from ..frontends.lowering import source_of
 
-        for i, step in enumerate(target.program.steps):
+        slots = {}
+        for i, step in enumerate(program.steps):
             compiled = getattr(step, "compiled", None)
             if compiled is None:  # an eager op
                 sites.append(Site(len(sites), "eager", _eager_name(step), source=source_of(step)))
-                layout["program"][i] = _Slot(sites[-1].index)
+                slots[i] = _Slot(sites[-1].index)
                 continue
             runtime = _graph_sites(sites, graphs, layout, compiled)
-            layout["program"][i] = _Slot(runtime, container=True)
-    elif target.graph is not None:
+            slots[i] = _Slot(runtime, container=True)
+        layout["programs"].append((program, slots))
+    if target.graph is not None:
         _graph_sites(sites, graphs, layout, target.graph)
-    else:
+    elif not target.programs:
         sites.append(Site(1, "eager", f"{target.name} (whole model in eager PyTorch)"))
         layout["whole"] = sites[-1].index
     return sites, graphs, layout
@@ -268,10 +273,8 @@ def _instrumented(target: Target, layout, wrap):
     stack = ExitStack()
     for executor, slots, runtime in layout["executors"]:
         stack.enter_context(executor.instrumented(lambda j, fn, slots=slots: wrap(slots[j], fn)))
-    if target.program is not None:
-        program_slots = layout["program"]
-        stack.enter_context(target.program.instrumented(
-            lambda i, fn: wrap(program_slots[i], fn)))
+    for program, slots in layout["programs"]:
+        stack.enter_context(program.instrumented(lambda i, fn, slots=slots: wrap(slots[i], fn)))
     return stack
 
 
