@@ -112,14 +112,14 @@ def record(target: Target, runs: int, warmup: int) -> Recording:
             result.plain_ns.append(_timed(target.call))
             with _instrumented(target, layout, lambda site, fn: fn):
                 result.python_ns.append(_timed(target.call))
-            clock.call, before = call, len(events)
+            clock.call = call
             with _instrumented(target, layout, clock.wrap):
                 start = time.perf_counter_ns()
                 target.call()
                 end = time.perf_counter_ns()
+            result.timed_per_call = len(clock.raw) + len(clock.spans)
             clock.close(start, end, layout.get("whole", 0))
             result.call_ns.append(end - start)
-            result.timed_per_call = len(events) - before
     # Noise on a shared machine only ever adds time: the sites' times come from the
     # calls at or below the median (the quieter half), and so does the total.
     middle = statistics.median(result.call_ns)
@@ -139,47 +139,42 @@ def _timed(fn) -> int:
 
 
 class _Clock:
-    """Appends an Event per timed step; what no leaf covers becomes runtime events."""
+    """Times each wrapped step into `raw` (plain tuples: the cheapest record Python
+    makes); `close` turns a call's records into Events, with runtime events for what no
+    leaf covered."""
 
     def __init__(self, events: list[Event]):
         self.events = events
         self.call = 0
-        self.origin: int | None = None
-        self._open: list[tuple[int, int, int]] = []  # (runtime site, start, end) containers
+        self.raw: list[tuple[int, int, int]] = []     # leaves: (site, start, end)
+        self.spans: list[tuple[int, int, int]] = []   # segments: (runtime site, start, end)
 
     def wrap(self, site: "_Slot", fn: Callable) -> Callable:
-        events, now = self.events, time.perf_counter_ns
-        index, container = site.index, site.container
-
-        if container:  # a segment: the time between its kernels is runtime
-            def timed(*args):
-                start = now()
-                result = fn(*args)
-                self._open.append((index, start, now()))
-                return result
-            return timed
+        now, index = time.perf_counter_ns, site.index
+        append = (self.spans if site.container else self.raw).append
 
         def timed(*args):
             start = now()
             result = fn(*args)
-            events.append(Event(index, start, now(), self.call))
+            append((index, start, now()))
             return result
         return timed
-
 
     def close(self, start: int, end: int, outer: int) -> None:
         """The call's runtime sites get what its leaves did not cover: a segment's time
         between its kernels goes to the segment's runtime site, the call's time outside
         every step to `outer`."""
-        leaves = [e for e in self.events if e.call == self.call and e.start >= start]
+        call = self.call
+        leaves = [Event(site, s, e, call) for site, s, e in self.raw]
         runtime = []
-        for site, c_start, c_end in self._open:
-            inside = [e for e in leaves if c_start <= e.start and e.end <= c_end]
-            runtime += _gaps(site, c_start, c_end, inside, self.call)
-        steps = leaves + [Event(site, s, e, self.call) for site, s, e in self._open]
-        runtime += _gaps(outer, start, end, steps, self.call)
-        self._open = []
-        self.events.extend(runtime)
+        for site, s_start, s_end in self.spans:
+            inside = [e for e in leaves if s_start <= e.start and e.end <= s_end]
+            runtime += _gaps(site, s_start, s_end, inside, call)
+        steps = leaves + [Event(site, s, e, call) for site, s, e in self.spans]
+        runtime += _gaps(outer, start, end, steps, call)
+        self.events += leaves + runtime
+        self.raw.clear()
+        self.spans.clear()
 
     def rebase(self, result: Recording) -> None:
         """Event times from the first profiled call's start (trace timestamps)."""
