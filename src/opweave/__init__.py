@@ -6,6 +6,7 @@ Public API:
     opweave.from_onnx("model.onnx")         -> a callable (ONNX frontend)
     opweave.to_onnx(graph, "out.onnx")      -> the IR graph written back as ONNX
     opweave.profile(compiled, inputs)       -> where the time goes (table, trace, HTML)
+    opweave.horizontal([m1, ..., mN])       -> N instances of one model fused into one (HFTA)
     torch.compile(model, backend="opweave") works without importing opweave.
 """
 from __future__ import annotations
@@ -66,6 +67,16 @@ def profile(compiled, inputs, *, runs=10, warmup=2, name=None):
     from .profiling import profile as _profile
 
     return _profile(compiled, inputs, runs=runs, warmup=warmup, name=name)
+
+
+def horizontal(models, shared=None):
+    """HFTA: `models` (one architecture, each with its own weights) fused into one module
+    whose weights are theirs stacked; call it with inputs stacked per instance, compile it
+    like any module. `opweave.schedule.StackedSGD/StackedAdam` step every instance at once,
+    each with its own hyper-parameters. See `opweave.schedule.horizontal`."""
+    from .schedule import horizontal as _horizontal
+
+    return _horizontal(models, shared)
 
 
 def to_onnx(graph, path=None):
