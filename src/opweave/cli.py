@@ -110,6 +110,8 @@ def _bench(args) -> int:
 
     if args.overhead:
         return _overhead(args)
+    if args.horizontal:
+        return _horizontal(args)
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
@@ -137,6 +139,21 @@ def _overhead(args) -> int:
     torch.set_num_threads(args.threads)
     print(cpu.line(cpu.describe(args.threads)))
     print(overhead.table(overhead.measure()))
+    return 0
+
+
+def _horizontal(args) -> int:
+    import torch
+
+    from .bench import cpu, horizontal
+
+    torch.set_num_threads(args.threads)
+    print(cpu.line(cpu.describe(args.threads)))
+    rows = []
+    for name in args.models or ["xmlcnn", "zoo-resnet18"]:
+        rows += horizontal.measure(name, args.sizes, small=args.small, steps=args.runs,
+                                   warmup=args.warmup)
+    print(horizontal.table(rows))
     return 0
 
 
@@ -348,6 +365,11 @@ def _add_bench_parser(sub, models) -> None:
     p.add_argument("--overhead", action="store_true",
                    help="only measure the runtime's cost per call and per step (Python "
                         "steps, native plan, eager), no models")
+    p.add_argument("--horizontal", action="store_true",
+                   help="only HFTA: training throughput of N instances fused, one after "
+                        "another, and in N processes (default models: xmlcnn, zoo-resnet18)")
+    p.add_argument("--sizes", nargs="+", type=int, default=[2, 4, 8],
+                   help="--horizontal: the numbers of instances")
     p.set_defaults(func=_bench)
 
 
