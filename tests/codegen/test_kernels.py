@@ -287,3 +287,32 @@ def test_layer_norm_statistics_read_in_its_own_group_stay_unfused():
     got = Executor(g, steps=lowered.steps)(x, m)
     for a, e in zip(got, Executor(g)(x, m)):
         torch.testing.assert_close(a, e)
+
+
+@pytest.mark.parametrize("shape,size", [((1, 32, 1, 493), (1, 8)), ((2, 3, 7, 10), (3, 4)),
+                                        ((1, 4, 5, 5), (5, 5)), ((300, 2, 9), (2, 4))])
+def test_adaptive_max_pool_kernel_matches_torch(shape, size):
+    """XML-CNN's pooling as a generated kernel: uneven windows, windows wider than one,
+    every row parallel or not; a NaN in a window is its maximum, as in torch."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType(shape, torch.float32))
+    g.outputs = [g.add1("adaptive_max_pool2d", [x], {"output_size": list(size)})]
+    lowered = lower(g, "greedy", measure=False)
+    assert [s.kind for s in lowered.steps] == ["cpp"]
+    data = torch.randn(shape)
+    data.view(-1)[::97] = float("nan")
+    data.view(-1)[5::89] = float("-inf")
+    got = Executor(g, steps=lowered.steps)(data)[0]
+    want = torch.nn.functional.adaptive_max_pool2d(data, size)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    channels_last = data.contiguous(memory_format=torch.channels_last) if data.dim() == 4 else data
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(channels_last)[0], want,
+                               equal_nan=True, rtol=0, atol=0)
+
+
+def test_adaptive_max_pool_with_indices_stays_in_torch():
+    g = Graph("g")
+    x = g.add_input("x", TensorType((1, 4, 1, 9), torch.float32))
+    values, _ = g.add("adaptive_max_pool2d", [x], {"output_size": [1, 3], "with_indices": True})
+    g.outputs = [values]
+    assert [s.kind for s in lower(g, "greedy", measure=False).steps] == ["op"]

@@ -23,6 +23,7 @@ from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from . import build, gemm, library
 from .render import FUSIBLE, KernelSource, render
+from .templates import render_single
 
 KERNELS_PER_UNIT = 16
 
@@ -109,21 +110,30 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
         nodes = part.ordered(group)
         if len(nodes) == 1 and ctx.role[nodes[0]] is not Role.ANCHOR:
             single = nodes[0]
-            lowered.steps.append(gemm_step(single) if measure and gemm.applies(single)
-                                 else op_step(single))
+            src = render_single(single)
+            if src is not None:
+                _add_kernel(graph, lowered, pending, nodes, src)
+            else:
+                lowered.steps.append(gemm_step(single) if measure and gemm.applies(single)
+                                     else op_step(single))
             continue
         outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
         if ctx.role[nodes[0]] is Role.ANCHOR:
             inplace = _residual_is_dead(ctx, group, position)
             lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure, inplace))
             continue
-        src = render(graph, nodes, lambda v, g=group: ctx.escapes(v, g))
-        step = Step(None, src.inputs, src.outputs, nodes, "cpp", src.name)
-        step.fn = reference_fn(graph, nodes, src.inputs, src.outputs)
-        lowered.steps.append(step)
-        pending.append((step, src))
+        _add_kernel(graph, lowered, pending, nodes,
+                    render(graph, nodes, lambda v, g=group: ctx.escapes(v, g)))
     _build(pending, lowered)
     return lowered
+
+
+def _add_kernel(graph, lowered: Lowered, pending: list, nodes, src: KernelSource) -> None:
+    """A generated-kernel step; until (or unless) it builds, it runs its nodes as torch ops."""
+    step = Step(None, src.inputs, src.outputs, nodes, "cpp", src.name)
+    step.fn = reference_fn(graph, nodes, src.inputs, src.outputs)
+    lowered.steps.append(step)
+    pending.append((step, src))
 
 
 def _is_constant(v: Value) -> bool:
@@ -213,7 +223,8 @@ def _build(pending, lowered: Lowered) -> None:
             fn.restype = None
             functions[n] = fn
     for step, src in pending:
-        step.fn = CppKernel(functions[src.name], src)
+        fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
+        step.fn = CppKernel(functions[src.name], src, fallback)
 
 
 class CppKernel:
@@ -225,8 +236,9 @@ class CppKernel:
     # pointer arguments, so the native plan can call the kernel itself
     recording: Callable | None = None
 
-    def __init__(self, fn, src: KernelSource):
+    def __init__(self, fn, src: KernelSource, fallback: Callable | None = None):
         self.fn = fn
+        self.fallback = fallback  # for inputs that are not contiguous, if given
         self.source = src  # what the profiler shows of it
         self.address = ctypes.cast(fn, ctypes.c_void_p).value
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
@@ -234,6 +246,8 @@ class CppKernel:
         self.layout_free = src.layout_free
 
     def __call__(self, *inputs):
+        if self.fallback is not None and not all(x.is_contiguous() for x in inputs):
+            return self.fallback(*inputs)
         if self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
             outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in self.out_types]
             ins = inputs

@@ -40,6 +40,9 @@ class KernelSource:
     # the line of `body` (1-based) where each member node's value is computed, 0 where
     # it has no line of its own (a reduction's accumulator): the profiler's lowest level
     node_lines: dict = field(default_factory=dict)
+    # a kernel that only pays on dense row-major inputs: other layouts run its nodes as
+    # torch ops instead of copying (what CppKernel does for the others)
+    contiguous_only: bool = False
 
 
 class _Emitter:

@@ -1,0 +1,87 @@
+"""Generated kernels for single ops whose torch kernel is slow at the sizes models use.
+
+`adaptive_max_pool2d` (XML-CNN's dynamic max pooling): torch's CPU kernel costs tens of
+microseconds on a [1, 32, 1, 493] input that a loop reads in one or two, because it
+computes the indices too and opens a parallel region per call. Its windows depend only
+on the shapes, so they are constants here. NaN propagates as in torch (a NaN in a
+window is its maximum), through a flag beside the maximum so the window loop vectorizes.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import torch
+
+from ..ir import Node
+from .render import KernelSource
+
+PARALLEL_ROWS = 256  # (batch x channel) rows below which the kernel runs on one thread
+
+
+def _windows(size: int, out: int) -> tuple[list[int], list[int]]:
+    starts = [(i * size) // out for i in range(out)]
+    ends = [-(-((i + 1) * size) // out) for i in range(out)]
+    return starts, ends
+
+
+def adaptive_max_pool(node: Node) -> KernelSource | None:
+    """The kernel for one `adaptive_max_pool2d` without indices on float32, or None."""
+    if node.op != "adaptive_max_pool2d" or node.attrs.get("with_indices"):
+        return None
+    x, y = node.inputs[0], node.outputs[0]
+    if x.type.dtype != torch.float32 or x.type.numel == 0 or len(x.type.shape) < 3:
+        return None
+    *lead, height, width = x.type.shape
+    oh, ow = node.attrs["output_size"]
+    rows = math.prod(lead)
+    hs, he = _windows(height, oh)
+    ws, we = _windows(width, ow)
+    # below the threshold no parallel region at all: entering one costs about a microsecond
+    parallel = ["  #pragma omp parallel for num_threads(ow_threads)"] if rows >= PARALLEL_ROWS else []
+    lines = [
+        "  float* __restrict out = (float*)args[0];",
+        "  const float* __restrict in = (const float*)args[1];",
+        f"  static const int64_t hs[{oh}] = {{{', '.join(map(str, hs))}}};",
+        f"  static const int64_t he[{oh}] = {{{', '.join(map(str, he))}}};",
+        f"  static const int64_t ws[{ow}] = {{{', '.join(map(str, ws))}}};",
+        f"  static const int64_t we[{ow}] = {{{', '.join(map(str, we))}}};",
+        *parallel,
+        f"  for (int64_t r = 0; r < {rows}; ++r) {{",
+        f"    const float* plane = in + r * {height * width};",
+        f"    float* o = out + r * {oh * ow};",
+        f"    for (int64_t i = 0; i < {oh}; ++i) {{",
+        f"      for (int64_t j = 0; j < {ow}; ++j) {{",
+        "        float m = -INFINITY;",
+        "        int nan = 0;",
+        "        for (int64_t h = hs[i]; h < he[i]; ++h) {",
+        f"          const float* line = plane + h * {width};",
+        "          #pragma omp simd reduction(max:m) reduction(|:nan)",
+        "          for (int64_t w = ws[j]; w < we[j]; ++w) {",
+        "            m = line[w] > m ? line[w] : m;",
+        "            nan |= line[w] != line[w];",
+        "          }",
+        "        }",
+        f"        o[i * {ow} + j] = nan ? NAN : m;",
+        "      }",
+        "    }",
+        "  }",
+    ]
+    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    name = f"ow_p_{digest}"
+    body = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
+    line = next(i for i, text in enumerate(body.splitlines(), 1) if "o[i *" in text)
+    # torch's own kernel is quicker on channels-last input than a copy and this loop
+    return KernelSource(name, body, [x], [y], False, {node: line}, contiguous_only=True)
+
+
+TEMPLATES = (adaptive_max_pool,)
+
+
+def render_single(node: Node) -> KernelSource | None:
+    """A generated kernel for `node` alone, where a template covers it."""
+    for template in TEMPLATES:
+        src = template(node)
+        if src is not None:
+            return src
+    return None
