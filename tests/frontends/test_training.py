@@ -178,6 +178,29 @@ def test_parameters_sharing_one_gradient_node_are_captured():
         torch.testing.assert_close(p.grad, q.grad)
 
 
+class _EmptyIndexPut(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.x = torch.nn.Parameter(torch.empty(1, 0, 1, 8))
+        self.register_buffer("index", torch.tensor([3, 1, 4, -2]))
+
+    def forward(self, scale):
+        return (torch.index_put(self.x, (self.index,), self.x, accumulate=True) * scale).sum()
+
+
+def test_index_put_into_an_empty_tensor_trains_like_eager():
+    """Found by `opweave fuzz`: its backward reads `grad[index]`, an empty result whose
+    indices are out of range; eager reads nothing and checks nothing, opweave's
+    index_select checked them and raised."""
+    reference, scale = _EmptyIndexPut(), torch.tensor(2.0)
+    module = copy.deepcopy(reference)
+    step = opweave.compile(module, (scale,), train=True)
+    assert step.graphs, step
+    step(scale).backward()
+    reference(scale).backward()
+    assert module.x.grad.shape == reference.x.grad.shape == (1, 0, 1, 8)
+
+
 def test_second_backward_through_one_call_is_refused():
     module, args = _tiny()
     loss = opweave.compile(module, args, train=True)(*args)

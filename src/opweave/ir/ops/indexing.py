@@ -23,13 +23,25 @@ def _index_select_shape(ins, attrs):
 
 
 def _index_select(x, index, dim):
-    """Rows (or slices along `dim`) picked by a rank-1 index: embedding lookup."""
+    """Rows (or slices along `dim`) picked by a rank-1 index: embedding lookup. A result
+    with no elements reads nothing, so its indices are not checked: `x[index]` (aten.index,
+    which lowers to this) does not check them either, and autograd's backward of an
+    index_put into an empty tensor relies on that."""
+    shape = list(x.shape)
+    shape[dim] = index.shape[0]
+    if 0 in shape:
+        return x.new_empty(shape)
     return torch.index_select(x, dim, index)
+
+
+def _index_select_out(ins, attrs, out):
+    if out.numel():
+        torch.index_select(ins[0], attrs["dim"], ins[1], out=out)
 
 
 define("index_select", 2, MappingType.ONE_TO_MANY, _index_select_shape,
        lambda ins, a: [ins[0].dtype], _index_select, attrs={"dim": Attr("int")},
-       impl_out=lambda ins, a, out: torch.index_select(ins[0], a["dim"], ins[1], out=out))
+       impl_out=_index_select_out)
 
 
 def _gather_shape(ins, attrs):
