@@ -244,3 +244,15 @@ def test_a_torch_compile_module_is_profiled_with_dynamos_cost_apart():
     assert {"fc1", "fc2"} <= {r.key for r in prof.levels.modules}
     for total in _sums(prof).values():
         assert total == pytest.approx(prof.levels.total, rel=1e-9)
+
+
+def test_a_graph_compiled_without_fusion_is_profiled_op_by_op():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled = opweave.compile(TwoLayers().eval(), (torch.randn(4, 64),), fusion="off")
+    prof = opweave.profile(compiled, [torch.randn(4, 64)], runs=2, warmup=1)
+    ops = [s for s in prof.recording.sites if s.kind == "op" and s.ns]
+    assert ops and all(len(s.nodes) == 1 for s in ops)
+    assert {"fc1", "fc2"} <= {r.key for r in prof.levels.modules}
+    for total in _sums(prof).values():
+        assert total == pytest.approx(prof.levels.total, rel=1e-9)
