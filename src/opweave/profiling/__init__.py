@@ -60,7 +60,7 @@ def profile(compiled, inputs: Sequence, *, runs: int = 10, warmup: int = 2,
     `warmup` calls, then `runs` timed ones (each beside an untimed call, to state what
     the timers cost). The steps run from Python while profiled; see record.py.
     The roofline is the one `opweave tune machine` stored; without one, measured now
-    (and stored) with `measure_machine`, else the cost model's defaults."""
+    (not stored) with `measure_machine`, else the cost model's defaults."""
     target = _target(compiled, list(inputs), name)
     recording = record(target, runs, warmup)
     result = levels(recording)
@@ -99,29 +99,23 @@ def _target(compiled, inputs: list, name: str | None) -> Target:
 
 
 def _machine(recording: Recording, measure: bool) -> tuple[Machine, str]:
-    """The roofline and where it comes from (see `profile`)."""
-    import time
-
+    """The roofline and where it comes from (see `profile`). A roofline measured here is
+    not stored: a profile must not change what later compiles cost their plans with
+    (`opweave tune machine` stores one, measured on purpose on a quiet machine)."""
     from .. import cost, tune
     from ..cost.machine import measure as measure_now
     from ..tune import roofline
 
     db_path = next((g.options.tuning_db for g in recording.graphs if g.options is not None), None)
     try:
-        db = tune.open_db(db_path)
-        stored = roofline.load(db)
+        stored = roofline.load(tune.open_db(db_path))
     except Exception:  # noqa: BLE001  (an unreadable database: as if it had nothing)
-        db, stored = None, None
+        stored = None
     if stored is not None:
         return stored, "measured by `opweave tune machine`"
-    if not measure:
-        return cost.active(), "the cost model's defaults: run `opweave tune machine` to measure"
-    start = time.perf_counter()
-    machine, about = measure_now()
-    if db is not None:
-        roofline.store(db, machine, about, time.perf_counter() - start)
-        return machine, f"measured now, stored in {db.path}"
-    return machine, "measured now"
+    if measure:
+        return measure_now()[0], "measured now; `opweave tune machine` would keep it"
+    return cost.active(), "the cost model's defaults: run `opweave tune machine` to measure"
 
 
 def _cpu_line() -> str:
