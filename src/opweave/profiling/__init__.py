@@ -76,12 +76,17 @@ def _target(compiled, inputs: list, name: str | None) -> Target:
 
     from ..frontends.torch_dynamo import compiled_graphs
     from ..frontends.torch_export import CompiledModel
+    from ..frontends.training import TrainingModel
     from ..onnx.model import OnnxModel
 
     if isinstance(compiled, CompiledModel):
         compiled(*inputs)  # the specialization these inputs run
         programs = [compiled.program] if compiled.program is not None else []
         return Target(lambda: compiled(*inputs), programs, name=name or compiled.name)
+    if isinstance(compiled, TrainingModel):  # the joint forward + backward step
+        compiled(*inputs)
+        return Target(lambda: compiled(*inputs), list(compiled.programs.values()),
+                      name=name or compiled.name)
     if isinstance(compiled, OnnxModel):
         graph, _ = compiled.compiled_for(*inputs)
         return Target(lambda: compiled(*inputs), graph=graph, name=name or compiled.label)

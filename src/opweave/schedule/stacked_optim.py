@@ -48,19 +48,25 @@ class StackedSGD(_Stacked):
     def step(self, closure=None):
         loss = closure() if closure is not None else None
         for group in self.param_groups:
+            decay, uses_momentum = bool(group["weight_decay"].any()), bool(group["momentum"].any())
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad = p.grad + _along(group["weight_decay"], p) * p
-                momentum = _along(group["momentum"], p)
-                state = self.state[p]
-                if bool((group["momentum"] != 0).any()):
+                # in place wherever torch's SGD is: a temporary of an embedding table's
+                # size costs as much as the step
+                grad = p.grad.add(_along(group["weight_decay"], p) * p) if decay else p.grad
+                if uses_momentum:
+                    momentum = _along(group["momentum"], p)
+                    state = self.state[p]
                     buf = state.get("momentum_buffer")
                     # torch's first step copies the gradient into the buffer
                     buf = grad.clone() if buf is None else buf.mul_(momentum).add_(grad)
                     state["momentum_buffer"] = buf
-                    grad = torch.where(momentum != 0, buf, grad)
-                p.sub_(_along(group["lr"], p) * grad)
+                    if bool((group["momentum"] == 0).any()):  # those instances: plain SGD
+                        grad = torch.where(momentum != 0, buf, grad)
+                    else:
+                        grad = buf
+                p.addcmul_(grad, _along(group["lr"], p), value=-1)
         return loss
 
 
@@ -87,12 +93,14 @@ class StackedAdam(_Stacked):
                 state["step"] += 1
                 t = state["step"]
                 beta1, beta2 = group["beta1"], group["beta2"]
-                grad = p.grad + _along(group["weight_decay"], p) * p
+                grad = p.grad
+                if bool(group["weight_decay"].any()):
+                    grad = grad.add(_along(group["weight_decay"], p) * p)
                 exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
                 exp_avg.lerp_(grad, _along(1 - beta1, p))
-                exp_avg_sq.mul_(_along(beta2, p)).add_(grad * grad * _along(1 - beta2, p))
+                exp_avg_sq.mul_(_along(beta2, p)).addcmul_(grad, grad * _along(1 - beta2, p))
                 bias1 = 1 - beta1 ** t
                 bias2_sqrt = (1 - beta2 ** t).sqrt()
-                denom = exp_avg_sq.sqrt() / _along(bias2_sqrt, p) + _along(group["eps"], p)
-                p.sub_(_along(group["lr"] / bias1, p) * exp_avg / denom)
+                denom = exp_avg_sq.sqrt().div_(_along(bias2_sqrt, p)).add_(_along(group["eps"], p))
+                p.addcdiv_(exp_avg.mul(_along(-group["lr"] / bias1, p)), denom)
         return loss
