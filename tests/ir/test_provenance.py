@@ -28,4 +28,5 @@ def test_module_paths_from_export_and_dynamo_read_alike():
     named = {"x": ("L['self'].blocks._modules['3'].attn", "Attn")}
     assert provenance.module_path(named) == "blocks.3.attn"
     assert provenance.module_path(None) == ""
-    assert provenance.module_path({"L__self__": ("", "M")}) == ""
+    assert provenance.module_path({"L__self__": ("", "M")}) == provenance.ROOT
+    assert provenance.module_path({}) == ""  # the graph recorded none

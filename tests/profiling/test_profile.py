@@ -256,3 +256,27 @@ def test_a_graph_compiled_without_fusion_is_profiled_op_by_op():
     assert {"fc1", "fc2"} <= {r.key for r in prof.levels.modules}
     for total in _sums(prof).values():
         assert total == pytest.approx(prof.levels.total, rel=1e-9)
+
+
+class TwoLayersLoss(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.model = TwoLayers()
+
+    def forward(self, x, target):
+        return nn.functional.mse_loss(self.model(x), target)
+
+
+def test_a_training_step_is_profiled_forward_and_backward():
+    x, target = torch.randn(16, 64), torch.randn(16, 32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        step = opweave.compile(TwoLayersLoss(), (x, target), train=True)
+    prof = opweave.profile(step, [x, target], runs=2, warmup=1)
+    ops = {n.op for s in prof.recording.sites if s.ns for n in s.nodes}
+    assert "matmul" in ops and "relu_backward" in ops or "where" in ops  # the backward ran
+    # AOTAutograd's joint graph records neither the model's lines nor its modules: no
+    # level may name torch's tracing code in their place
+    assert not any("torch" in r.key or "proxy_tensor" in r.key for r in prof.levels.lines)
+    for total in _sums(prof).values():
+        assert total == pytest.approx(prof.levels.total, rel=1e-9)

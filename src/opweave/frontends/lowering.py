@@ -130,9 +130,11 @@ def source_of(node: fx.Node) -> str:
     stack = node.meta.get("stack_trace")
     if stack:
         frames = [line.strip() for line in stack.strip().splitlines() if line.strip().startswith("File")]
-        outside = [f for f in frames if _TORCH_DIR not in f]
-        if frames:
-            frame = (outside or frames)[-1]
+        # torch's own frames, and code it generated (`<eval_with_key>`: what AOTAutograd's
+        # joint graphs record instead of the user's lines), say nothing of the model
+        outside = [f for f in frames if _TORCH_DIR not in f and not f.startswith('File "<')]
+        if outside:
+            frame = outside[-1]
     return provenance.describe(node.name, frame, provenance.module_path(node.meta.get("nn_module_stack")))
 
 

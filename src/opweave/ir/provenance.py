@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 _FRAME = re.compile(r'"(?P<file>[^"]*)", line (?P<line>\d+), in (?P<function>\S+)')
 _MODULE = re.compile(r" \[module (?P<module>[^\]]*)\]$")
+ROOT = "(root)"
 _DYNAMO_ROOT = re.compile(r"^L\[['\"](self|fn|mod|model)['\"]\]\.?")
 
 
@@ -22,7 +23,7 @@ class Provenance:
     file: str = ""
     line: int = 0
     function: str = ""
-    module: str = ""     # the nn.Module path, "" for the root module or unknown
+    module: str = ""     # the nn.Module path: ROOT for the model itself, "" when unknown
 
     @property
     def location(self) -> str:
@@ -61,7 +62,8 @@ def parse(source: str) -> Provenance:
 
 def module_path(stack: dict | None) -> str:
     """The innermost module of an FX node's `nn_module_stack` as a dotted path
-    (torch.export writes `encoder.layer.0`; Dynamo `L['self'].encoder.layer[0]`)."""
+    (torch.export writes `encoder.layer.0`; Dynamo `L['self'].encoder.layer[0]`), ROOT
+    for the model itself, "" when the graph recorded none (AOTAutograd's joint graphs)."""
     if not stack:
         return ""
     value = list(stack.values())[-1]
@@ -69,4 +71,4 @@ def module_path(stack: dict | None) -> str:
     path = _DYNAMO_ROOT.sub("", path)
     path = re.sub(r"\._modules\[['\"]([^'\"]+)['\"]\]", r".\1", path)
     path = re.sub(r"\[['\"]?([^\]'\"]+)['\"]?\]", r".\1", path)
-    return path.strip(".")
+    return path.strip(".") or ROOT

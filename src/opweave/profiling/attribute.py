@@ -20,6 +20,7 @@ from .record import Recording, Site
 
 RUNTIME = "(runtime)"
 UNKNOWN = "(no source line)"
+NO_MODULE = "(no module recorded)"  # AOTAutograd's joint graphs keep source lines only
 
 
 @dataclass
@@ -133,8 +134,7 @@ def levels(recording: Recording) -> Levels:
             add("frontend", where.node or UNKNOWN, part, site)
             line_key = f"{where.location} in {where.function}" if where.location else UNKNOWN
             add("line", line_key, part, site, where.file and f"{where.file}:{where.line}")
-            add("module", where.module or ("(root module)" if where.location else UNKNOWN),
-                part, site)
+            add("module", where.module or NO_MODULE, part, site)
 
     def rows(level: str) -> list[Row]:
         out = [Row(k, v, v / total if total else 0.0, len(count[level][k]),
