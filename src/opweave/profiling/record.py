@@ -14,7 +14,7 @@ import statistics
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import torch
 
@@ -211,9 +211,9 @@ def _sites(target: Target):
     sites = [Site(0, "runtime", target.outside)]
     graphs: list[CompiledGraph] = []
     layout: dict = {"programs": [], "executors": []}  # (program, step -> _Slot)
-    for program in target.programs:
-        from ..frontends.lowering import source_of
+    from ..frontends.lowering import source_of
 
+    for program in target.programs:
         slots = {}
         for i, step in enumerate(program.steps):
             compiled = getattr(step, "compiled", None)
@@ -266,17 +266,9 @@ def _eager_name(node) -> str:
 
 def _instrumented(target: Target, layout, wrap):
     stack = ExitStack()
-    for executor, slots, runtime in layout["executors"]:
+    for executor, slots, _ in layout["executors"]:
         stack.enter_context(executor.instrumented(lambda j, fn, slots=slots: wrap(slots[j], fn)))
     for program, slots in layout["programs"]:
         stack.enter_context(program.instrumented(lambda i, fn, slots=slots: wrap(slots[i], fn)))
     return stack
 
-
-def leaves(recording: Recording) -> list[Site]:
-    """Sites that took time, the runtime ones included."""
-    return [s for s in recording.sites if s.ns > 0]
-
-
-def input_bytes(values: Sequence[Value]) -> int:
-    return sum(v.type.nbytes for v in values)
