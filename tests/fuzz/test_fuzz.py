@@ -55,6 +55,17 @@ def test_draw_finds_inputs_eager_accepts():
     assert (case.inputs[1] >= 0).all() and (case.inputs[0][case.inputs[1]] > 0).all()
 
 
+def test_inputs_on_which_an_integer_op_overflows_are_rejected():
+    """Found by the fuzz run: 16 ** 16 wraps to 0 in torch's int64 and saturates in ONNX
+    Runtime's; like a float overflow, such inputs test no compiler."""
+    g = parse_graph("graph @g(%x: i64[4]) {\n  %p: i64[4] = pow(%x, %x)\n  return %p\n}\n", {})
+    with pytest.raises(oracle.Rejected, match="pow overflows int64"):
+        oracle.evaluate(g, [torch.tensor([1, 2, 16, 3])], check=True)
+    oracle.evaluate(g, [torch.tensor([1, 2, 15, 3])], check=True)  # 15 ** 15 fits
+    bits = parse_graph("graph @g(%x: i64[2]) {\n  %n: i64[2] = neg(%x)\n  return %n\n}\n", {})
+    oracle.evaluate(bits, [torch.tensor([5, -7])], check=True)
+
+
 def test_compare_allows_eager_noise_and_refuses_the_rest():
     e = torch.tensor([1.0, 2.0])
     assert check.compare([e + 5e-5], [e], [e.double()]) == ""

@@ -72,6 +72,8 @@ def evaluate(graph: Graph, inputs, constants=None, *, f64: bool = False, check: 
             if check:
                 _check(node, tensor)
             env[value] = tensor
+        if check and not f64:
+            _check_integer_range(node, [env[v] for v in node.inputs], node.attrs)
     return env
 
 
@@ -87,6 +89,29 @@ def _check(node, tensor) -> None:
     if tensor.is_floating_point() and tensor.numel():
         if not torch.isfinite(tensor).all() or tensor.abs().max() > LIMIT:
             raise Rejected(f"{node.op} computes non-finite or huge values")
+
+
+def _check_integer_range(node, inputs, attrs) -> None:
+    """An integer op whose exact result leaves int64 wraps around in torch, and other
+    backends give other values (ONNX Runtime's integer Pow goes through a double and
+    saturates): like a float overflow, such inputs are no test of a compiler. The op is
+    run again in float64 to see its true magnitude; ops that do not run on floats pass."""
+    if not node.outputs or node.outputs[0].type.dtype.is_floating_point \
+            or node.outputs[0].type.dtype == torch.bool or node.opdef.is_view \
+            or not all(isinstance(x, torch.Tensor) and not x.is_floating_point()
+                       and x.dtype != torch.bool for x in inputs) or not inputs:
+        return
+    try:
+        exact = node.opdef.impl(*[x.double() for x in inputs], **attrs)
+    except Exception:  # noqa: BLE001  (bitwise and index ops take integers only)
+        return
+    for t in exact if isinstance(exact, (tuple, list)) else [exact]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() \
+                and not (t.abs() < INT64_EDGE).all():
+            raise Rejected(f"{node.op} overflows int64")
+
+
+INT64_EDGE = 2.0 ** 63
 
 
 def _promote(t: torch.Tensor) -> torch.Tensor:
