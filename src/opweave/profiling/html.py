@@ -27,7 +27,7 @@ font-variant-numeric:tabular-nums}
 .scroll{max-height:520px;overflow:auto;border:1px solid #ddd}
 pre{background:#f8f8f8;padding:8px;overflow:auto;font-size:12px}
 pre .hit{background:#ffe9a8}.muted{color:#777}.bar{background:#4a90d9;height:10px}
-#errors{color:#b00}svg text{font:11px monospace}
+#errors{color:#b00}#errors:empty{display:none}svg text{font:11px monospace}
 """
 
 SCRIPT = """
