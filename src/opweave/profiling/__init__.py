@@ -56,12 +56,16 @@ class Profile:
 
 def profile(compiled, inputs: Sequence, *, runs: int = 10, warmup: int = 2,
             name: str | None = None, measure_machine: bool = False) -> Profile:
-    """Profile `compiled` (from `opweave.compile` or `opweave.from_onnx`) on `inputs`:
+    """Profile `compiled` (from `opweave.compile`, also with `train=True`,
+    `opweave.from_onnx` or `torch.compile(..., backend="opweave")`) on `inputs`:
     `warmup` calls, then `runs` timed ones (each beside an untimed call, to state what
     the timers cost). The steps run from Python while profiled; see record.py.
     The roofline is the one `opweave tune machine` stored; without one, measured now
     (not stored) with `measure_machine`, else the cost model's defaults."""
-    target = _target(compiled, list(inputs), name)
+    import torch
+
+    with torch.no_grad():  # the specialization the profiled (no-grad) calls take
+        target = _target(compiled, list(inputs), name)
     recording = record(target, runs, warmup)
     result = levels(recording)
     check_totals(result)
