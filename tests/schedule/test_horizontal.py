@@ -139,6 +139,26 @@ def test_what_cannot_be_fused_is_refused():
         StackedSGD(horizontal([nn.Linear(4, 2)] * 2).parameters(), lr=[0.1, 0.2, 0.3])
 
 
+class WithPositions(nn.Module):
+    """A non-persistent buffer (as BERT's position ids): not in a state dict."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.randn(4), persistent=False)
+
+    def forward(self, x):
+        return self.fc(x) + self.offset
+
+
+def test_an_instance_comes_back_whole_with_its_non_persistent_buffers():
+    solo = [WithPositions() for _ in range(N)]
+    array = horizontal(solo)
+    x = torch.randn(2, 4)
+    for i, m in enumerate(solo):
+        torch.testing.assert_close(array.instance(i)(x), m(x))
+
+
 def test_the_models_given_are_left_as_they_are():
     solo = [nn.Linear(4, 2) for _ in range(2)]
     before = [copy.deepcopy(m.state_dict()) for m in solo]

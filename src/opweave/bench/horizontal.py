@@ -8,6 +8,7 @@ processes training one instance each at the same time (the cores shared among th
 from __future__ import annotations
 
 import multiprocessing
+import queue
 import statistics
 import time
 import warnings
@@ -137,9 +138,21 @@ def processes_seconds(name: str, n: int, small: bool, steps: int, warmup: int,
                for i in range(n)]
     for w in workers:
         w.start()
-    spans = [results.get(timeout=3600) for _ in workers]
-    for w in workers:
-        w.join()
+    spans = []
+    try:
+        while len(spans) < n:
+            try:
+                spans.append(results.get(timeout=5))
+            except queue.Empty:
+                dead = [w.exitcode for w in workers if w.exitcode not in (None, 0)]
+                if dead:  # the others would wait at the barrier for ever
+                    raise RuntimeError(f"{len(dead)} of {n} training processes died "
+                                       f"(exit codes {dead})") from None
+    finally:
+        for w in workers:
+            if w.is_alive() and len(spans) < n:
+                w.terminate()
+            w.join()
     return max(spans) / steps
 
 

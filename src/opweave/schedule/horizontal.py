@@ -124,8 +124,13 @@ class HorizontalArray(nn.Module):
             raise IndexError(f"instance {index} of {self.size}")
         model = copy.deepcopy(self._template).to_empty(device="cpu")
         params, buffers = self._state()
-        state = {k: v[index].detach().clone() for k, v in {**params, **buffers}.items()}
-        model.load_state_dict(state)
+        # every tensor by name, non-persistent buffers too (a state dict leaves them out,
+        # and to_empty left them uninitialized)
+        targets = dict(model.named_parameters())
+        targets.update(model.named_buffers())
+        with torch.no_grad():
+            for name, stacked in {**params, **buffers}.items():
+                targets[name].copy_(stacked[index])
         return model.train(self.training)
 
 
