@@ -11,7 +11,7 @@ roofline; report.py writes the table and the trace; html.py the report.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
