@@ -15,7 +15,7 @@ __version__ = "0.1.0"
 
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
-            loss_every=1, example_kwargs=None, options=None):
+            loss_every=1, example_kwargs=None, options=None, memory_budget=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -23,6 +23,10 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     delivers the gradients. `loss_every`: compute the loss value on every N-th call only
     (1, the default: every call; None: never); other calls return NaN as the loss, and
     skip the work only the loss needed (loss elimination).
+    `memory_budget`: the step's peak memory, in bytes (an int) or as a fraction of the
+    unconstrained peak (a float in (0, 1]); activations are recomputed to meet it
+    (Checkmate); a budget no schedule meets raises MemoryBudgetError with the smallest
+    one found. `explain` and the "remat" report say the peak achieved.
     `options`: an `opweave.Options` with every compiler option (default: read from the
     OPWEAVE_* environment variables; see `opweave.options`).
     `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
@@ -41,7 +45,7 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
 
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
-                    options=options)
+                    options=options, memory_budget=memory_budget)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None):
@@ -99,7 +103,12 @@ def __getattr__(name):
         from .options import Options
 
         return Options
+    if name == "MemoryBudgetError":
+        from .schedule.remat import MemoryBudgetError
+
+        return MemoryBudgetError
     raise AttributeError(f"module 'opweave' has no attribute {name!r}")
 
 
-__all__ = ["compile", "explain", "backend", "from_onnx", "to_onnx", "Options", "__version__"]
+__all__ = ["compile", "explain", "backend", "from_onnx", "to_onnx", "Options", "MemoryBudgetError",
+           "__version__"]

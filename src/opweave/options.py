@@ -60,9 +60,13 @@ class Options:
     # caller chose rewrite or fusion; off for an `Options(...)` a caller wrote, which
     # says what it wants
     tuned: bool = False
+    # a training step's peak memory: bytes (an int) or a fraction of the unconstrained
+    # peak (a float in (0, 1]); activations are recomputed to meet it (schedule/remat.py)
+    memory_budget: int | float | None = None
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
+        _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
@@ -73,10 +77,10 @@ class Options:
 
     @classmethod
     def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
-                env: Mapping[str, str] | None = None) -> "Options":
+                memory_budget=None, env: Mapping[str, str] | None = None) -> "Options":
         """`options` as given, or built from the environment; `rewrite=` and `fusion=`
         (the keyword arguments of opweave.compile) override either, and then no tuned
-        configuration replaces them."""
+        configuration replaces them; so does `memory_budget=`."""
         env = os.environ if env is None else env
         if options is None:
             options = cls.from_env(env)
@@ -89,6 +93,8 @@ class Options:
             changes["fusion"] = "off" if fusion is False else fusion
         if changes:
             changes["tuned"] = False
+        if memory_budget is not None:
+            changes["memory_budget"] = memory_budget
         return replace(options, **changes) if changes else options
 
     @classmethod
@@ -112,6 +118,19 @@ def _tuning_db(text: str) -> str | None:
     if text.strip().lower() in ("off", "0", "none"):
         return None
     return text or "default"
+
+
+def _check_budget(budget) -> None:
+    if budget is None:
+        return
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)):
+        raise TypeError(f"memory_budget must be bytes (an int) or a fraction of the "
+                        f"unconstrained peak (a float), not {type(budget).__name__}")
+    if isinstance(budget, int) and budget <= 0:
+        raise ValueError(f"memory_budget must be a positive number of bytes, not {budget}")
+    if isinstance(budget, float) and not 0.0 < budget <= 1.0:
+        raise ValueError(f"a fractional memory_budget must be in (0, 1], not {budget}; "
+                         "give bytes as an int")
 
 
 def _choice(what: str, value, allowed) -> None:

@@ -133,6 +133,13 @@ class PassRun:
         from .codegen.report import partition_report
 
         start, size = time.perf_counter(), len(graph.nodes)
+        if self.options.fusion == "off" and self.options.memory_budget is not None:
+            steps = lower(graph, "off").steps  # one step per op, to recompute from
+            executor = Executor(graph, steps=self._rematerialized(graph, steps),
+                                native=self.options.native)
+            self._record(PassReport("lower", time.perf_counter() - start, size, size,
+                                    "fusion off: one step per op"), None)
+            return executor
         if self.options.fusion == "off":
             executor = Executor(graph, native=self.options.native)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
@@ -149,7 +156,10 @@ class PassRun:
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     failed=reason), None)
             return Executor(graph, native=self.options.native)
-        executor = Executor(graph, steps=lowered.steps, native=self.options.native)
+        steps = lowered.steps
+        if self.options.memory_budget is not None:
+            steps = self._rematerialized(graph, steps)
+        executor = Executor(graph, steps=steps, native=self.options.native)
         executor.lowered = lowered
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
@@ -158,6 +168,21 @@ class PassRun:
             self._write("partition.txt", partition_report(lowered))
             self._write("kernels.cpp", "\n".join(s.body for s in lowered.sources))
         return executor
+
+    def _rematerialized(self, graph: Graph, steps: list) -> list:
+        """The steps in the order the memory budget asks for, recomputations included
+        (schedule/remat.py). A budget no schedule meets raises MemoryBudgetError: it is
+        the caller's choice, not a compiler failure to fall back from."""
+        from .schedule import remat
+
+        start = time.perf_counter()
+        problem = remat.analyse(steps, graph)
+        unconstrained = remat.simulate_peak(problem, range(problem.n))
+        budget = remat.resolve_budget(self.options.memory_budget, unconstrained)
+        plan = remat.plan(problem, budget, deterministic=self.options.deterministic)
+        self._record(PassReport("remat", time.perf_counter() - start, len(steps),
+                                len(plan.order), plan), None)
+        return [steps[i] for i in plan.order]
 
     def _record(self, report: PassReport, graph: Graph | None) -> None:
         self.reports.append(report)

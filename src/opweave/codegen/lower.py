@@ -40,6 +40,7 @@ class Step:
     nodes: list[Node]
     kind: str                    # "op", "library", "cpp", "reference"
     name: str = ""
+    overwrites: Value | None = None  # an input whose storage the step writes its output into
 
 
 @dataclass
@@ -181,9 +182,11 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         chosen = "onednn" if "onednn" in candidates else "reference"
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
+    overwrites = None
     if inplace and chosen == "onednn":
         name += " (into its residual)"
-    return Step(candidates[chosen], ins, outputs, nodes, kind, name)
+        overwrites = ins[1]
+    return Step(candidates[chosen], ins, outputs, nodes, kind, name, overwrites)
 
 
 def measured_anchor_seconds(graph, ctx, group) -> float:

@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 import torch
 
 from ..ir import Graph, TensorType, verify
-from .memory_plan import MemoryPlan, plan_memory
+from .memory_plan import MemoryPlan, free_points, plan_memory
 from .native import NativeState
 
 
@@ -166,15 +166,9 @@ def _where(t: torch.Tensor) -> str:
 
 def _slot_steps(steps, slot, graph: Graph):
     """(call, input slots, output slots, slots to free) for lowered steps: a value is
-    dropped after the last step that reads it (graph outputs and constants never are)."""
-    keep = set(graph.outputs)
-    last: dict = {}
-    for i, step in enumerate(steps):
-        for v in step.inputs:
-            last[v] = i
-    frees: list[list[int]] = [[] for _ in steps]
-    for v, i in last.items():
-        if v not in keep and v.producer is not None and v.producer.op != "constant":
-            frees[i].append(slot[v])
-    return [(step.fn, [slot[v] for v in step.inputs], [slot[v] for v in step.outputs], frees[i])
-            for i, step in enumerate(steps)]
+    dropped after the last step that reads it, or after its own step when none does
+    (graph outputs and constants never are). A step may appear more than once (a
+    recomputation, schedule/remat.py): each run's outputs live until their own last read."""
+    frees = free_points(steps, set(graph.outputs))
+    return [(step.fn, [slot[v] for v in step.inputs], [slot[v] for v in step.outputs],
+             [slot[v] for v in dropped]) for step, dropped in zip(steps, frees)]

@@ -10,6 +10,7 @@ they alias are never placed in the arena: they are handed to the caller and must
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 from ..ir import Graph, Value
 
@@ -88,3 +89,28 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         peak = max(peak, live_bytes)
         live_bytes -= ends.get(i, 0)
     return MemoryPlan(last, offsets, arena, frees, peak)
+
+
+def free_points(steps: Sequence, keep: frozenset[Value] | set) -> list[list[Value]]:
+    """For steps run in this order (a step may repeat), the values to drop after each:
+    each write of a value lives until its last read before the next write, or only
+    through its own step when nothing reads it; `keep` (the graph's outputs) never
+    drops. The executor frees by this list (schedule/remat.py's `simulate_peak` counts by it)."""
+    frees: list[list[Value]] = [[] for _ in steps]
+    last: dict[Value, int] = {}
+
+    def release(v: Value) -> None:
+        i = last.pop(v, None)
+        if i is not None and v not in keep:
+            frees[i].append(v)
+
+    for i, step in enumerate(steps):
+        for v in step.inputs:
+            if v in last:
+                last[v] = i
+        for v in step.outputs:
+            release(v)
+            last[v] = i
+    for v in list(last):
+        release(v)
+    return frees

@@ -1,0 +1,117 @@
+"""Rematerialization under a memory budget (Checkmate, MLSys'20), over lowered steps.
+
+A training step's peak memory is the activations the backward reads, kept from the
+forward. Recomputing some of them in the backward, from values still kept, trades time
+for memory. The unit is a lowered step (a fused kernel, a library call, a single op), so
+what recomputes is what already runs; a plan is an order of steps in which a step may
+appear again, and the executor frees each run's outputs after their own last read.
+
+`plan` takes the cheapest (by the cost model) of three planners' orders whose exact peak
+(`problem.live_bytes`) is within the budget: Checkmate's MILP (`milp.py`, when its
+program is small enough to solve), Checkmate's rounded relaxation, and the greedy
+recompute-at-the-peak (`greedy.py`). Never recomputed: random steps (dropout's mask would
+change), steps that write into an input, steps whose outputs leave the graph.
+See docs/memory.md.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from . import greedy, milp
+from .problem import Problem, analyse, live_bytes, simulate_peak, validate
+
+MILP_MAX_COLUMNS = 4_000  # above this many binaries, the MILP is not tried
+
+
+class MemoryBudgetError(ValueError):
+    """The memory budget is below what any schedule opweave finds can meet."""
+
+
+@dataclass
+class RematPlan:
+    """The chosen order of steps (repeats are recomputations) and what it achieves."""
+
+    order: list[int]
+    budget: int
+    unconstrained_peak: int
+    predicted_peak: int
+    base_seconds: float         # modelled time of the original steps
+    extra_seconds: float = 0.0  # modelled time of the recomputations
+    method: str = "none"        # "none", "milp", "lp-rounding", "greedy"
+    solve_seconds: float = 0.0
+    recomputed: dict[int, int] = field(default_factory=dict)  # step -> extra runs
+
+    def __str__(self) -> str:
+        mib = 2 ** 20
+        head = (f"peak {self.predicted_peak / mib:.1f} MiB (budget {self.budget / mib:.1f}, "
+                f"unconstrained {self.unconstrained_peak / mib:.1f})")
+        if self.method == "none":
+            return f"{head}: no recomputation needed"
+        overhead = self.extra_seconds / self.base_seconds if self.base_seconds else 0.0
+        return (f"{head}: {sum(self.recomputed.values())} step run(s) recomputed, modelled "
+                f"+{overhead:.1%} time; {self.method}, planned in {self.solve_seconds:.2f} s")
+
+
+def resolve_budget(budget: int | float, unconstrained: int) -> int:
+    """Bytes from a budget given in bytes (an int) or as a fraction of the unconstrained
+    peak (a float in (0, 1])."""
+    if isinstance(budget, float):
+        return int(budget * unconstrained)
+    return int(budget)
+
+
+def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> RematPlan:
+    """The cheapest order found whose exact peak is at most `budget` bytes;
+    MemoryBudgetError, naming the smallest peak found, when there is none."""
+    identity = list(range(problem.n))
+    unconstrained = simulate_peak(problem, identity)
+    base = problem.seconds
+    if unconstrained <= budget:
+        return RematPlan(identity, budget, unconstrained, unconstrained, base)
+    start = time.perf_counter()
+    candidates = [(greedy.recompute_at_peaks(problem, identity, budget), "greedy")]
+    program = milp.build(problem, milp.MAX_STAGES)
+    if program.columns <= MILP_MAX_COLUMNS:
+        found = milp.solve_milp(problem, program, budget, deterministic)
+        if found is not None:
+            candidates.append((milp.order(problem, program, found), "milp"))
+    for found in milp.solve_relaxed(problem, program, budget, deterministic):
+        candidates.append((milp.order(problem, program, found), "lp-rounding"))
+    best = None
+    for order, method in candidates:
+        validate(problem, order)
+        peak = simulate_peak(problem, order)
+        if peak > budget:
+            continue
+        extra = sum(problem.facts[i].seconds for i in order) - base
+        if best is None or (extra, peak) < (best[0], best[1]):
+            best = (extra, peak, order, method)
+    if best is None:
+        floor = min(simulate_peak(problem, order) for order, _ in candidates)
+        floor = min(floor, smallest_peak(problem))
+        raise MemoryBudgetError(
+            f"a memory budget of {_mib(budget)} cannot be met: the smallest peak opweave's "
+            f"rematerialization finds for this graph is {_mib(floor)} (unconstrained: "
+            f"{_mib(unconstrained)})")
+    extra, peak, order, method = best
+    counts: dict[int, int] = {}
+    for i in order:
+        counts[i] = counts.get(i, 0) + 1
+    recomputed = {i: c - 1 for i, c in counts.items() if c > 1}
+    return RematPlan(order, budget, unconstrained, peak, base, extra, method,
+                     time.perf_counter() - start, recomputed)
+
+
+def smallest_peak(problem: Problem) -> int:
+    """The lowest peak the greedy planner reaches with no limit on recomputation (the
+    bottom of the benchmark's curve, and what an infeasible budget is told)."""
+    return simulate_peak(problem, greedy.recompute_at_peaks(problem, list(range(problem.n)), 0))
+
+
+def _mib(nbytes: float) -> str:
+    return f"{nbytes / 2 ** 20:.1f} MiB"
+
+
+__all__ = ["MemoryBudgetError", "Problem", "RematPlan", "analyse", "live_bytes", "plan",
+           "resolve_budget", "simulate_peak", "smallest_peak", "validate"]
