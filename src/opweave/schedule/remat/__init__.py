@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from . import greedy, milp
 from .problem import Problem, analyse, live_bytes, simulate_peak, validate
 
-MILP_MAX_COLUMNS = 4_000  # above this many binaries, the MILP is not tried
+MILP_MAX_COLUMNS = 60_000  # above this many binaries, the MILP is not tried
 
 
 class MemoryBudgetError(ValueError):
