@@ -11,6 +11,15 @@ def _explain(args) -> int:
     from .frontends.torch_export import compile as compile_model
 
     bench = models.build(args.model, small=args.small)
+    if args.train or args.memory_budget is not None:
+        from .models.base import disable_dropout
+
+        budget = args.memory_budget
+        budget = None if budget is None else (int(budget) if budget > 1 else budget)
+        print(explain(disable_dropout(bench.loss_module).train(), (*bench.inputs, bench.targets),
+                      name=args.model, graph_breaks=False, rewrite=args.rewrite, train=True,
+                      memory_budget=budget))
+        return 0
     report = explain(bench.module.eval(), bench.inputs, name=args.model,
                      graph_breaks=not args.no_graph_breaks, rewrite=args.rewrite)
     print(report)
@@ -112,6 +121,8 @@ def _bench(args) -> int:
         return _overhead(args)
     if args.horizontal:
         return _horizontal(args)
+    if args.memory:
+        return _memory_curve(args)
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
@@ -154,6 +165,21 @@ def _horizontal(args) -> int:
         rows += horizontal.measure(name, args.sizes, small=args.small, steps=args.runs,
                                    warmup=args.warmup)
     print(horizontal.table(rows))
+    return 0
+
+
+def _memory_curve(args) -> int:
+    import torch
+
+    from .bench import cpu, memory_curve
+
+    torch.set_num_threads(args.threads)
+    print(cpu.line(cpu.describe(args.threads)))
+    rows = []
+    for name in args.models or ["bert-base", "vit-b16"]:
+        rows += memory_curve.measure(name, args.batch, args.fractions, runs=args.runs,
+                                     warmup=min(args.warmup, 1), small=args.small)
+        print(memory_curve.table(rows), flush=True)
     return 0
 
 
@@ -278,6 +304,11 @@ def main(argv=None) -> int:
                    help="skip the torch.compile graph-break count (faster)")
     p.add_argument("--rewrite", choices=("eqsat", "greedy", "backtrack", "off"), default=None,
                    help="the rewrite engine (default: eqsat, or $OPWEAVE_REWRITE)")
+    p.add_argument("--train", action="store_true",
+                   help="the training step (loss and gradients), with its peak memory")
+    p.add_argument("--memory-budget", type=float, default=None, metavar="B",
+                   help="the training step under a memory budget: a fraction of the "
+                        "unconstrained peak (0 < B <= 1) or bytes (B > 1); implies --train")
     p.set_defaults(func=_explain)
     p = sub.add_parser("rules", help="the rewrite rules: list, check, prove, generate")
     p.add_argument("--check", action="store_true", help="run every rule on its examples")
@@ -370,6 +401,12 @@ def _add_bench_parser(sub, models) -> None:
                         "another, and in N processes (default models: xmlcnn, zoo-resnet18)")
     p.add_argument("--sizes", nargs="+", type=int, default=[2, 4, 8],
                    help="--horizontal: the numbers of instances")
+    p.add_argument("--memory", action="store_true",
+                   help="only training memory: step time and peak memory of opweave at "
+                        "each --fractions budget, eager, per-block checkpointing and "
+                        "Inductor (default models: bert-base at seq 512, vit-b16)")
+    p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],
+                   help="--memory: budgets as fractions of opweave's unconstrained peak")
     p.set_defaults(func=_bench)
 
 

@@ -22,6 +22,7 @@ class Explanation:
     capture_error: str = ""
     rewrites: list = field(default_factory=list)  # RewriteReport per segment
     runtime: list[str] = field(default_factory=list)  # how each segment's calls run
+    memory: list[str] = field(default_factory=list)  # training: each segment's peak and plan
 
     @property
     def captured(self) -> bool:
@@ -57,6 +58,8 @@ class Explanation:
                 lines.append("  fallbacks: none")
             for i, how in enumerate(self.runtime):
                 lines.append(f"  segment {i} runs as: {how}")
+            for i, plan in enumerate(self.memory):
+                lines.append(f"  segment {i} memory: {plan}")
             if cov.fallback:
                 lines.append("  eager ops between segments run from Python, one call each")
         lines.extend(str(r) for r in self.rewrites)
@@ -81,9 +84,12 @@ def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
 
 
 def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
-            name: str | None = None, graph_breaks: bool = True, rewrite=None) -> Explanation:
+            name: str | None = None, graph_breaks: bool = True, rewrite=None,
+            train: bool = False, memory_budget=None) -> Explanation:
     """Compile `model` as `opweave.compile` does and report coverage, the IR (after the
-    rewrite pass) and what the rewrite pass did: rules fired where, cost before and after."""
+    rewrite pass) and what the rewrite pass did: rules fired where, cost before and after.
+    With `train=True` (and optionally `memory_budget`), the training step: each joint
+    graph's peak memory, and what rematerialization recomputed to meet the budget."""
     import warnings
 
     from .frontends.torch_export import compile as compile_model
@@ -92,7 +98,9 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     name = name or type(model).__name__
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
-        compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite)
+        compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite,
+                                 train=train, memory_budget=memory_budget)
+    program = _program(compiled)
     ir_ops: dict[str, int] = {}
     flops = moved = 0
     for graph in compiled.graphs:
@@ -101,19 +109,46 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         cost = graph.cost()
         flops, moved = flops + cost.flops, moved + cost.bytes
     ir_ops = dict(sorted(ir_ops.items(), key=lambda kv: (-kv[1], kv[0])))
-    runtime = _runtime(compiled, example_inputs)
+    runtime = _runtime(compiled, program, example_inputs)
     breaks, reasons = _dynamo_breaks(model, example_inputs) if graph_breaks else (None, [])
-    return Explanation(name, compiled.capture, compiled.coverage, ir_ops, breaks, reasons,
-                       flops, moved, compiled.capture_error,
-                       compiled.program.rewrites if compiled.program else [], runtime)
+    if train:
+        capture, coverage, error = ("aot-joint", program.coverage, "") if program else \
+            ("eager", Coverage(), "the training step could not be captured")
+    else:
+        capture, coverage, error = compiled.capture, compiled.coverage, compiled.capture_error
+    return Explanation(name, capture, coverage, ir_ops, breaks, reasons, flops, moved, error,
+                       program.rewrites if program else [], runtime,
+                       [_memory(g) for g in program.compiled_graphs] if train and program else [])
 
 
-def _runtime(compiled, example_inputs) -> list[str]:
+def _program(compiled):
+    """The CompiledProgram behind what opweave.compile returned (None: all in eager)."""
+    programs = getattr(compiled, "programs", None)  # a TrainingModel
+    if programs is not None:
+        return programs.get(True) or programs.get(False)
+    return compiled.program
+
+
+def _memory(graph) -> str:
+    """A compiled graph's peak memory: the remat plan's report, or the plain peak."""
+    from .schedule import remat
+
+    plan = graph.report("remat")
+    if plan is not None:
+        return str(plan)
+    steps = getattr(graph.executor, "lowered_steps", None)
+    if steps is None:
+        return "peak not planned (the graph runs op by op)"
+    problem = remat.analyse(steps, graph.graph)
+    return (f"peak {remat.simulate_peak(problem, range(problem.n)) / 2 ** 20:.1f} MiB "
+            "(no memory budget)")
+
+
+def _runtime(compiled, program, example_inputs) -> list[str]:
     """How each segment's calls run (native plan or Python steps, and why), after the
     calls it takes to record and check the native plan."""
     from .runtime import native
 
-    program = compiled.program
     if program is None:
         return []
     graphs = program.compiled_graphs

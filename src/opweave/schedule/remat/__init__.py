@@ -25,7 +25,15 @@ MILP_MAX_COLUMNS = 60_000  # above this many binaries, the MILP is not tried
 
 
 class MemoryBudgetError(ValueError):
-    """The memory budget is below what any schedule opweave finds can meet."""
+    """The memory budget is below what any schedule opweave finds can meet. `smallest`
+    (bytes) is a budget that is met: the lowest peak the planners reached."""
+
+    def __init__(self, budget: int, smallest: int, unconstrained: int):
+        super().__init__(
+            f"a memory budget of {_mib(budget)} cannot be met: the smallest peak opweave's "
+            f"rematerialization finds for this graph is {_mib(smallest)} ({smallest} bytes; "
+            f"unconstrained: {_mib(unconstrained)})")
+        self.budget, self.smallest, self.unconstrained = budget, smallest, unconstrained
 
 
 @dataclass
@@ -88,12 +96,7 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
         if best is None or (extra, peak) < (best[0], best[1]):
             best = (extra, peak, order, method)
     if best is None:
-        floor = min(simulate_peak(problem, order) for order, _ in candidates)
-        floor = min(floor, smallest_peak(problem))
-        raise MemoryBudgetError(
-            f"a memory budget of {_mib(budget)} cannot be met: the smallest peak opweave's "
-            f"rematerialization finds for this graph is {_mib(floor)} (unconstrained: "
-            f"{_mib(unconstrained)})")
+        raise MemoryBudgetError(budget, smallest_peak(problem), unconstrained)
     extra, peak, order, method = best
     counts: dict[int, int] = {}
     for i in order:
@@ -104,8 +107,9 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
 
 
 def smallest_peak(problem: Problem) -> int:
-    """The lowest peak the greedy planner reaches with no limit on recomputation (the
-    bottom of the benchmark's curve, and what an infeasible budget is told)."""
+    """The lowest peak the greedy planner reaches with no limit on recomputation: what an
+    infeasible budget is told. A budget of that many bytes is always met (the greedy
+    planner takes the same steps until it is under its budget); the MILP may go lower."""
     return simulate_peak(problem, greedy.recompute_at_peaks(problem, list(range(problem.n)), 0))
 
 
