@@ -19,9 +19,10 @@ OPTIONS = Options(deterministic=True, measure=False, tuning_db=None, native="off
 
 
 class Residual(torch.nn.Module):
-    """Linear + GELU residual blocks and a classifier: activations dominate the step."""
+    """Linear + GELU residual blocks and a classifier: activations dominate the step.
+    A random op's output is never recomputed, so what is computed from it is kept too."""
 
-    def __init__(self, width=256, depth=4, dropout=0.0):
+    def __init__(self, width, depth, dropout=0.0):
         super().__init__()
         self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(depth))
         self.head = torch.nn.Linear(width, 10)
@@ -29,13 +30,31 @@ class Residual(torch.nn.Module):
 
     def forward(self, x, y):
         for layer in self.layers:
-            x = F.dropout(F.gelu(layer(x)), self.dropout, self.training) + x
-        return F.cross_entropy(self.head(x), y)
+            x = F.gelu(layer(x)) + x
+        # dropout last: what comes after a kept random output can still be recomputed
+        return F.cross_entropy(self.head(F.dropout(x, self.dropout, self.training)), y)
 
 
-def _inputs(rows=2048, width=256):
+def _inputs(rows, width):
     torch.manual_seed(0)
     return torch.randn(rows, width), torch.randint(0, 10, (rows,))
+
+
+def _compiled(budget, *, rows=512, width=64, depth=3, dropout=0.0, options=OPTIONS):
+    """A model, its inputs, and its step compiled without and with `budget`."""
+    torch.manual_seed(0)
+    model = Residual(width=width, depth=depth, dropout=dropout)
+    inputs = _inputs(rows, width)
+    free = opweave.compile(model, inputs, train=True, options=OPTIONS)
+    bounded = opweave.compile(model, inputs, train=True, options=options, memory_budget=budget)
+    return model, inputs, free, bounded
+
+
+def _assert_same_step(model, first, second, inputs, seed=0):
+    loss, grads = _step(model, first, inputs, seed)
+    loss_b, grads_b = _step(model, second, inputs, seed)
+    assert torch.equal(loss, loss_b)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads_b))
 
 
 def _graph(compiled):
@@ -53,12 +72,7 @@ def _step(model, compiled, inputs, seed=0):
 
 @pytest.fixture(scope="module")
 def compiled_pair():
-    torch.manual_seed(0)
-    model = Residual()
-    inputs = _inputs()
-    free = opweave.compile(model, inputs, train=True, options=OPTIONS)
-    bounded = opweave.compile(model, inputs, train=True, options=OPTIONS, memory_budget=0.7)
-    return model, inputs, free, bounded
+    return _compiled(0.7, rows=2048, width=256, depth=6)
 
 
 def test_budget_plan_recomputes_and_its_peak_is_what_a_step_allocates(compiled_pair):
@@ -75,44 +89,26 @@ def test_budget_plan_recomputes_and_its_peak_is_what_a_step_allocates(compiled_p
 
 def test_budget_keeps_loss_and_gradients_bit_identical(compiled_pair):
     model, inputs, free, bounded = compiled_pair
-    loss, grads = _step(model, free, inputs)
-    loss_b, grads_b = _step(model, bounded, inputs)
-    assert torch.equal(loss, loss_b)
-    assert all(torch.equal(a, b) for a, b in zip(grads, grads_b))
+    _assert_same_step(model, free, bounded, inputs)
 
 
 def test_budget_with_native_replay_keeps_gradients():
-    torch.manual_seed(0)
-    model = Residual(width=64, depth=3)
-    inputs = _inputs(512, 64)
-    free = opweave.compile(model, inputs, train=True, options=OPTIONS)
-    native = opweave.compile(model, inputs, train=True, memory_budget=0.75,
-                             options=Options(deterministic=True, measure=False,
-                                             tuning_db=None, native="wait"))
-    assert _graph(native).report("remat").recomputed
-    loss, grads = _step(model, free, inputs)
+    native = Options(deterministic=True, measure=False, tuning_db=None, native="wait")
+    model, inputs, free, bounded = _compiled(0.75, options=native)
+    assert _graph(bounded).report("remat").recomputed
     for _ in range(4):  # recorded at the third call, replayed after
-        loss_n, grads_n = _step(model, native, inputs)
-        assert torch.equal(loss, loss_n)
-        assert all(torch.equal(a, b) for a, b in zip(grads, grads_n))
+        _assert_same_step(model, free, bounded, inputs)
 
 
 def test_random_steps_are_never_recomputed_and_gradients_follow_the_same_masks():
-    torch.manual_seed(0)
-    model = Residual(width=64, depth=3, dropout=0.3)
-    inputs = _inputs(1024, 64)
-    free = opweave.compile(model, inputs, train=True, options=OPTIONS)
-    bounded = opweave.compile(model, inputs, train=True, options=OPTIONS, memory_budget=0.75)
+    model, inputs, free, bounded = _compiled(0.75, rows=2048, depth=6, dropout=0.3)
     graph = _graph(bounded)
     plan = graph.report("remat")
     steps = graph.executor.lowered.steps
     random_steps = [i for i, s in enumerate(steps) if any(n.opdef.is_random for n in s.nodes)]
     assert random_steps and plan.recomputed
     assert not set(random_steps) & set(plan.recomputed)
-    loss, grads = _step(model, free, inputs, seed=7)
-    loss_b, grads_b = _step(model, bounded, inputs, seed=7)
-    assert torch.equal(loss, loss_b)
-    assert all(torch.equal(a, b) for a, b in zip(grads, grads_b))
+    _assert_same_step(model, free, bounded, inputs, seed=7)
 
 
 def test_budget_below_every_schedule_is_refused_with_a_budget_that_is_met():
