@@ -30,8 +30,10 @@ def peak_rss_during(fn: Callable[[], object]) -> int | None:
 
 
 def peak_allocated_during(fn: Callable[[], object]) -> int:
-    """Peak bytes PyTorch's CPU allocator held during `fn()` above what it held before
-    (the profiler's allocation events): the tensors a call makes, nothing else."""
+    """Peak bytes of the tensors `fn()` allocates, as PyTorch's CPU allocator reports them
+    to the profiler: the running sum of its allocations, less those it frees again. A
+    block allocated before (freed during the call) does not count: the allocator's own
+    running total carries blocks from earlier profiled calls, which would skew it."""
     from torch._C._profiler import _EventType
     from torch.profiler import ProfilerActivity, profile
 
@@ -44,9 +46,14 @@ def peak_allocated_during(fn: Callable[[], object]) -> int:
         todo.extend(node.children)
         if node.typed[0] == _EventType.Allocation:
             fields = node.typed[1]
-            events.append((node.start_time_ns, fields.total_allocated, fields.alloc_size))
-    if not events:
-        return 0
-    events.sort()
-    before = events[0][1] - events[0][2]
-    return max(total for _, total, _ in events) - before
+            events.append((node.start_time_ns, fields.ptr, fields.alloc_size))
+    live = peak = 0
+    mine: dict[int, int] = {}
+    for _, ptr, size in sorted(events):
+        if size > 0:
+            mine[ptr] = size
+            live += size
+            peak = max(peak, live)
+        else:
+            live -= mine.pop(ptr, 0)
+    return peak
