@@ -7,8 +7,10 @@ through transformers' `gradient_checkpointing_enable`) and Inductor's default
 
 Every configuration runs one step per round, rounds interleaved; the time is the median.
 Peak memory is measured on a step of its own: the allocator's peak (profiler allocation
-events: the tensors the step makes, gradients included) and the process's peak RSS
-(weights, caches and allocator slack included). opweave's predicted peak is the plan's.
+events: the tensors the step makes, gradients included) and how far the process's RSS
+rose during it (every configuration shares one process, so its absolute RSS would be
+everyone's weights; memory glibc kept from earlier steps is reused without showing).
+opweave's predicted peak is the plan's.
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from typing import Callable
 
 import torch
 
-from .memory import peak_allocated_during, peak_rss_during
+from .memory import peak_allocated_during, rss_growth_during
 
 BERT_SEQ = 512
 
@@ -32,22 +34,23 @@ class Row:
     config: str
     seconds: float
     allocated: int            # the allocator's peak during a step, bytes
-    rss: int | None           # the process's peak RSS during a step, bytes
-    predicted: int | None = None  # opweave: the plan's peak
-    budget: int | None = None
-    plan_seconds: float | None = None
+    rss: int | None           # how far the process's RSS rose during a step, bytes
+    predicted: int | None = None  # opweave: the plan's peak (one graph only)
+    plan_seconds: float | None = None  # opweave: the compile, planning included
 
     def markdown(self, eager: "Row") -> str:
         mib = 2 ** 20
         predicted = f"{self.predicted / mib:.0f}" if self.predicted is not None else ""
         rss = f"{self.rss / mib:.0f}" if self.rss is not None else ""
+        compile_s = f"{self.plan_seconds:.0f}" if self.plan_seconds is not None else ""
         return (f"| {self.model} | {self.config} | {self.seconds * 1e3:.0f} | "
                 f"{self.seconds / eager.seconds:.2f}x | {self.allocated / mib:.0f} | "
-                f"{predicted} | {rss} |")
+                f"{predicted} | {rss} | {compile_s} |")
 
 
 HEADER = ("| model | configuration | step (ms) | time vs eager | allocator peak (MiB) | "
-          "plan's peak (MiB) | peak RSS (MiB) |\n|---|---|---:|---:|---:|---:|---:|")
+          "plan's peak (MiB) | RSS growth (MiB) | compile (s) |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|")
 
 
 def build(name: str, batch: int, small: bool = False):
@@ -87,7 +90,7 @@ def measure(name: str, batch: int, fractions, runs: int, warmup: int = 1,
     """One model's rows: eager, per-block checkpointing, Inductor, opweave per budget."""
     from ..frontends.torch_export import compile as opweave_compile
     from ..runtime import native
-    from ..schedule.remat import MemoryBudgetError
+    from ..schedule.remat import MemoryBudgetError, planned_peak
 
     module, inputs = build(name, batch, small)
     steps: dict[str, Callable[[], None]] = {"eager": _eager_step(module, inputs)}
@@ -106,10 +109,9 @@ def measure(name: str, batch: int, fractions, runs: int, warmup: int = 1,
                 print(f"{name}: {label}: {err}")
                 continue
             compile_seconds = time.perf_counter() - start
-            report = next((r.detail for g in compiled.programs[True].compiled_graphs
-                           for r in g.reports if r.name == "remat"), None)
-            extra[label] = {"predicted": report.predicted_peak if report else None,
-                            "budget": report.budget if report else None,
+            graphs = compiled.programs[True].compiled_graphs
+            peaks = [planned_peak(g) for g in graphs]
+            extra[label] = {"predicted": peaks[0] if len(graphs) == 1 else None,
                             "plan_seconds": compile_seconds}
             steps[label] = _compiled_step(module, compiled, inputs)
     # per-block checkpointing changes the module it is enabled on: a copy of its own
@@ -127,7 +129,7 @@ def measure(name: str, batch: int, fractions, runs: int, warmup: int = 1,
     rows = []
     for label, step in steps.items():
         allocated = peak_allocated_during(step)
-        rss = peak_rss_during(step)
+        rss = rss_growth_during(step)
         rows.append(Row(name, label, statistics.median(times[label]), allocated, rss,
                         **extra.get(label, {})))
     return rows

@@ -113,9 +113,22 @@ def smallest_peak(problem: Problem) -> int:
     return simulate_peak(problem, greedy.recompute_at_peaks(problem, list(range(problem.n)), 0))
 
 
+def planned_peak(compiled) -> int | None:
+    """A compiled graph's (pipeline.CompiledGraph) peak bytes: its plan's, or that of its
+    steps in their order when no budget was set; None for a graph run op by op."""
+    plan = compiled.report("remat")
+    if plan is not None:
+        return plan.predicted_peak
+    steps = getattr(compiled.executor, "lowered_steps", None)
+    if steps is None:
+        return None
+    problem = analyse(steps, compiled.graph)
+    return simulate_peak(problem, range(problem.n))
+
+
 def _mib(nbytes: float) -> str:
     return f"{nbytes / 2 ** 20:.1f} MiB"
 
 
-__all__ = ["MemoryBudgetError", "Problem", "RematPlan", "analyse", "live_bytes", "plan",
+__all__ = ["MemoryBudgetError", "Problem", "RematPlan", "analyse", "live_bytes", "plan", "planned_peak",
            "resolve_budget", "simulate_peak", "smallest_peak", "validate"]
