@@ -61,7 +61,7 @@ class Options:
     # says what it wants
     tuned: bool = False
     # a training step's peak memory: bytes (an int) or a fraction of the unconstrained
-    # peak (a float in (0, 1]); activations are recomputed to meet it (schedule/remat.py)
+    # peak (a float in (0, 1]); activations are recomputed to meet it (schedule/remat/)
     memory_budget: int | float | None = None
 
     def __post_init__(self):

@@ -2,7 +2,8 @@
 ONNX) only captures its model and lowers it to IR graphs; each graph then goes through
 `compile_graph`:
 
-    verify -> rewrite -> gemm-layout -> lower (fusion partition + kernels) -> Executor
+    verify -> rewrite -> gemm-layout -> lower (fusion partition + kernels)
+           -> remat (only with a memory budget) -> Executor
 
 A graph pass is a `Pass`: a name and `run(graph, options) -> (graph, detail)`, where
 `detail` is the pass's own report. `PassRun` applies them with its instruments: it times
@@ -171,7 +172,7 @@ class PassRun:
 
     def _rematerialized(self, graph: Graph, steps: list) -> list:
         """The steps in the order the memory budget asks for, recomputations included
-        (schedule/remat.py). A budget no schedule meets raises MemoryBudgetError: it is
+        (schedule/remat/). A budget no schedule meets raises MemoryBudgetError: it is
         the caller's choice, not a compiler failure to fall back from."""
         from .schedule import remat
 

@@ -168,7 +168,7 @@ def _slot_steps(steps, slot, graph: Graph):
     """(call, input slots, output slots, slots to free) for lowered steps: a value is
     dropped after the last step that reads it, or after its own step when none does
     (graph outputs and constants never are). A step may appear more than once (a
-    recomputation, schedule/remat.py): each run's outputs live until their own last read."""
+    recomputation, schedule/remat/): each run's outputs live until their own last read."""
     frees = free_points(steps, set(graph.outputs))
     return [(step.fn, [slot[v] for v in step.inputs], [slot[v] for v in step.outputs],
              [slot[v] for v in dropped]) for step, dropped in zip(steps, frees)]

@@ -95,7 +95,8 @@ def free_points(steps: Sequence, keep: frozenset[Value] | set) -> list[list[Valu
     """For steps run in this order (a step may repeat), the values to drop after each:
     each write of a value lives until its last read before the next write, or only
     through its own step when nothing reads it; `keep` (the graph's outputs) never
-    drops. The executor frees by this list (schedule/remat.py's `simulate_peak` counts by it)."""
+    drops. The executor frees by this list; schedule/remat/problem.py's `live_bytes`
+    counts by it."""
     frees: list[list[Value]] = [[] for _ in steps]
     last: dict[Value, int] = {}
 
