@@ -26,7 +26,8 @@ MILP_MAX_COLUMNS = 60_000  # above this many binaries, the MILP is not tried
 
 class MemoryBudgetError(ValueError):
     """The memory budget is below what any schedule opweave finds can meet. `smallest`
-    (bytes) is a budget that is met: the lowest peak the planners reached."""
+    (bytes) is a budget that is met by the same steps: the greedy planner's lowest peak
+    (a compile that measures library forms may lower to other steps next time)."""
 
     def __init__(self, budget: int, smallest: int, unconstrained: int):
         super().__init__(
