@@ -15,7 +15,8 @@ __version__ = "0.1.0"
 
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
-            loss_every=1, example_kwargs=None, options=None, memory_budget=None):
+            loss_every=1, example_kwargs=None, options=None, memory_budget=None,
+            precision=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -27,6 +28,9 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     unconstrained peak (a float in (0, 1]); activations are recomputed to meet it
     (Checkmate); a budget no schedule meets raises MemoryBudgetError with the smallest
     one found. `explain` and the "remat" report say the peak achieved.
+    `precision`: None (as in `options`), "fp32", or "bf16": matrix products, convolutions
+    and attention on bfloat16 operands with float32 accumulation, everything else in
+    float32 (inference only; see docs/precision.md).
     `options`: an `opweave.Options` with every compiler option (default: read from the
     OPWEAVE_* environment variables; see `opweave.options`).
     `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
@@ -45,7 +49,7 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
 
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
-                    options=options, memory_budget=memory_budget)
+                    options=options, memory_budget=memory_budget, precision=precision)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,
@@ -60,11 +64,13 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None
                     train=train, memory_budget=memory_budget)
 
 
-def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None):
-    """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays."""
+def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None, precision=None):
+    """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays;
+    `precision` as in `compile`."""
     from .onnx import from_onnx as _from_onnx
 
-    return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options)
+    return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
+                      precision=precision)
 
 
 def profile(compiled, inputs, *, runs=10, warmup=2, name=None):

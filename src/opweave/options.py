@@ -18,6 +18,8 @@ Environment variables:
   OPWEAVE_NATIVE         background (default) | wait | off: the native execution plan
                          (runtime/native.py): built in a thread at the first compile, built
                          before the first call that needs it, or never used
+  OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
+                         bfloat16 operands with float32 accumulation (codegen/precision.py)
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
                          and the generated C++ under OPWEAVE_DEBUG_DIR (default ./opweave_debug)
 """
@@ -32,6 +34,13 @@ from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
 NATIVE_MODES = ("background", "wait", "off")
+PRECISIONS = ("fp32", "bf16")
+# precisions the project plans that are not built, and why (said when one is asked for)
+UNBUILT_PRECISIONS = {
+    "bf16x3": "it needs a bf16 GEMM with a float32 result, which torch does not expose on "
+              "the CPU (its bf16 matmuls round their result to bf16)",
+    "int8": "post-training quantization is not built yet",
+}
 
 
 @dataclass(frozen=True)
@@ -63,9 +72,14 @@ class Options:
     # a training step's peak memory: bytes (an int) or a fraction of the unconstrained
     # peak (a float in (0, 1]); activations are recomputed to meet it (schedule/remat/)
     memory_budget: int | float | None = None
+    # "fp32", or "bf16": products, convolutions and attention computed on bfloat16
+    # operands with float32 accumulation, everything else float32 (codegen/precision.py);
+    # inference graphs only: a training step computes in float32
+    precision: str = "fp32"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
+        _check_precision(self.precision)
         _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
         if not isinstance(self.rewrite, RewriteOptions):
@@ -77,10 +91,11 @@ class Options:
 
     @classmethod
     def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
-                memory_budget=None, env: Mapping[str, str] | None = None) -> "Options":
+                memory_budget=None, precision=None,
+                env: Mapping[str, str] | None = None) -> "Options":
         """`options` as given, or built from the environment; `rewrite=` and `fusion=`
         (the keyword arguments of opweave.compile) override either, and then no tuned
-        configuration replaces them; so does `memory_budget=`."""
+        configuration replaces them; so do `memory_budget=` and `precision=`."""
         env = os.environ if env is None else env
         if options is None:
             options = cls.from_env(env)
@@ -95,6 +110,8 @@ class Options:
             changes["tuned"] = False
         if memory_budget is not None:
             changes["memory_budget"] = memory_budget
+        if precision is not None:
+            changes["precision"] = precision
         return replace(options, **changes) if changes else options
 
     @classmethod
@@ -110,6 +127,7 @@ class Options:
                    tuning_db=_tuning_db(env.get("OPWEAVE_TUNING_DB", "")),
                    native=env.get("OPWEAVE_NATIVE", "").strip().lower() or "background",
                    tuned=_flag(env, "OPWEAVE_TUNED", True) and not chosen,
+                   precision=env.get("OPWEAVE_PRECISION", "").strip().lower() or "fp32",
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 
@@ -133,6 +151,13 @@ def _check_budget(budget) -> None:
                          "give bytes as an int")
 
 
+def _check_precision(precision) -> None:
+    if precision in UNBUILT_PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not available: "
+                         f"{UNBUILT_PRECISIONS[precision]}; use one of {', '.join(PRECISIONS)}")
+    _choice("precision", precision, PRECISIONS)
+
+
 def _choice(what: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{what} must be one of {', '.join(allowed)}; got {value!r}")
@@ -149,4 +174,4 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"${name} must be 0 or 1; got {env[name]!r}")
 
 
-__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES"]
+__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES", "PRECISIONS"]

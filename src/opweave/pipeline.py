@@ -134,22 +134,22 @@ class PassRun:
         from .codegen.report import partition_report
 
         start, size = time.perf_counter(), len(graph.nodes)
-        if self.options.fusion == "off" and self.options.memory_budget is not None:
-            steps = lower(graph, "off").steps  # one step per op, to recompute from
-            executor = Executor(graph, steps=self._rematerialized(graph, steps),
-                                native=self.options.native)
-            self._record(PassReport("lower", time.perf_counter() - start, size, size,
-                                    "fusion off: one step per op"), None)
-            return executor
+        precision = self.options.precision
         if self.options.fusion == "off":
-            executor = Executor(graph, native=self.options.native)
+            steps = None  # the executor's own step per op
+            if self.options.memory_budget is not None or precision != "fp32":
+                steps = lower(graph, "off", precision=precision).steps
+            if self.options.memory_budget is not None:
+                steps = self._rematerialized(graph, steps)
+            executor = Executor(graph, steps=steps, native=self.options.native)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     "fusion off: one step per op"), None)
             return executor
         try:
             with tune.using(tune.open_db(self.options.tuning_db)):
                 lowered = lower(graph, self.options.fusion, measure=self.options.measure,
-                                ilp_seconds=self.options.partition_seconds)
+                                ilp_seconds=self.options.partition_seconds,
+                                precision=precision)
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",

@@ -104,7 +104,7 @@ def test_pointwise_conv_as_gemm_matches():
 
     ctx = Context(g, FUSIBLE)
     group = frozenset(step.nodes)
-    _, candidates, ins, _ = _anchor_candidates(g, ctx, group, step.nodes, step.outputs)
+    _, candidates, ins, _, _ = _anchor_candidates(g, ctx, group, step.nodes, step.outputs)
     assert "onednn-gemm" in candidates
     xin = torch.randn(1, 16, 5, 7).contiguous(memory_format=torch.channels_last)
     (got,) = candidates["onednn-gemm"](xin)

@@ -23,6 +23,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
+from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
@@ -57,19 +58,31 @@ def _unary(ep: Epilogue):
     return _UNARY[ep.unary.op]
 
 
-def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False) -> dict[str, Callable]:
+def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
+          precision: str = "fp32") -> dict[str, Callable]:
     """The library forms of an anchor group, by name (all "onednn..."), to be measured.
     `inplace`: the residual operand is dead after this group, so a convolution may add
-    into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer)."""
+    into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer).
+    `precision`: "bf16" packs the weight in bfloat16 and computes the group on bfloat16
+    operands (codegen/precision.py); its result is widened back to float32."""
     if not supports():
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
+    low = prec.applies(precision, anchor.op)
     if anchor.op == "matmul":
-        return {"onednn": _linear(graph, anchor, ep, out_shape)}
-    found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace)}
-    if _pointwise_conv(anchor) and ep.binary is None:
-        found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape)
-    return found
+        found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
+    else:
+        found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
+        if _pointwise_conv(anchor) and ep.binary is None:
+            found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
+    return {name: prec.lowered(fn) for name, fn in found.items()} if low else found
+
+
+def _weight(graph: Graph, v: Value, low: bool) -> torch.Tensor:
+    """A constant weight or bias as the library reads it: bfloat16 when the group computes
+    in it."""
+    w = constant_of(graph, v)
+    return w.to(prec.LOW) if low else w
 
 
 def _pointwise_conv(anchor: Node) -> bool:
@@ -79,14 +92,14 @@ def _pointwise_conv(anchor: Node) -> bool:
             and a["groups"] == 1 and anchor.inputs[0].type.shape[0] == 1)
 
 
-def _conv_as_linear(graph, anchor, ep, out_shape):
+def _conv_as_linear(graph, anchor, ep, out_shape, low=False):
     """A 1x1 convolution over a channels-last image is a GEMM [H*W, C] x [C, O]: run it
     as a packed linear layer (measured 2-7% faster than oneDNN's convolution here)."""
     _, c, h, w = anchor.inputs[0].type.shape
-    weight = constant_of(graph, anchor.inputs[1])
+    weight = _weight(graph, anchor.inputs[1], low)
     o = weight.shape[0]
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.reshape(o, c).contiguous(), h * w)
-    bias = constant_of(graph, anchor.inputs[2]).contiguous() if len(anchor.inputs) > 2 else None
+    bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.mkldnn._linear_pointwise
 
@@ -97,15 +110,15 @@ def _conv_as_linear(graph, anchor, ep, out_shape):
     return gemm
 
 
-def _linear(graph, anchor, ep, out_shape):
+def _linear(graph, anchor, ep, out_shape, low=False):
     m = anchor.inputs[0].type.shape[0]
-    weight = constant_of(graph, anchor.inputs[1])             # [K, N]
+    weight = _weight(graph, anchor.inputs[1], low)            # [K, N]
     n = weight.shape[1]
     packed = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), m)
     bias = None
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
-        bias = constant_of(graph, b).reshape(n).contiguous()
+        bias = _weight(graph, b, low).reshape(n).contiguous()
     op = torch.ops.mkldnn._linear_pointwise
     if ep.binary is not None:
         return lambda x, other: [_shaped(op(x, other.reshape(m, n), packed, bias, "add"), out_shape)]
@@ -113,13 +126,13 @@ def _linear(graph, anchor, ep, out_shape):
     return lambda x: [_shaped(op(x, packed, bias, attr, scalars, algorithm), out_shape)]
 
 
-def _conv(graph, anchor, ep, out_shape, inplace=False):
+def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     """A 2-D convolution, or a 1-D one run as 2-D over a height of 1 (oneDNN packs only
     2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
     already, so it is read in place where torch's conv1d would copy it."""
     a = anchor.attrs
-    weight = constant_of(graph, anchor.inputs[1]).contiguous()
-    bias = constant_of(graph, anchor.inputs[2]).contiguous() if len(anchor.inputs) > 2 else None
+    weight = _weight(graph, anchor.inputs[1], low).contiguous()
+    bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     size = list(anchor.inputs[0].type.shape)
     padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
     one_d = len(size) == 3
@@ -160,10 +173,12 @@ def _conv(graph, anchor, ep, out_shape, inplace=False):
     return conv
 
 
-def signature(graph: Graph, anchor: Node, ep: Epilogue) -> tuple:
+def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32") -> tuple:
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
-    return (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
-            tuple(str(v.type) for v in anchor.inputs), posts)
+    key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
+           tuple(str(v.type) for v in anchor.inputs), posts)
+    # float32 keys stay as they were, so records made before precisions existed still count
+    return key + (("precision", precision),) if prec.applies(precision, anchor.op) else key
 
 
 KIND = "library-form"  # the tuning database's name for this decision

@@ -22,6 +22,7 @@ from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from . import build, gemm, library
+from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
 from .templates import render_single
 
@@ -57,12 +58,15 @@ class Lowered:
         return counts
 
 
-def op_step(node: Node) -> Step:
+def op_step(node: Node, precision: str = "fp32") -> Step:
     impl, attrs = node.opdef.impl, node.attrs
     if len(node.outputs) == 1:
         fn = lambda *args: [impl(*args, **attrs)]  # noqa: E731
     else:
         fn = lambda *args: list(impl(*args, **attrs))  # noqa: E731
+    if prec.applies(precision, node.op):
+        return Step(prec.lowered(fn), list(node.inputs), list(node.outputs), [node], "op",
+                    f"{node.op} [{precision}]")
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 
@@ -94,13 +98,15 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
 
 
 def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
-          ilp_seconds: float = 2.0) -> Lowered:
+          ilp_seconds: float = 2.0, precision: str = "fp32") -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
-    form (deterministic; tests that count kernels use it)."""
+    form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
+    products, convolutions and attention on bfloat16 operands (codegen/precision.py)."""
     if mode == "off":
-        return Lowered([op_step(n) for n in graph.nodes if n.op != "constant"], None)
-    measured = (lambda ctx, g: measured_anchor_seconds(graph, ctx, g)) if measure else None
+        return Lowered([op_step(n, precision) for n in graph.nodes if n.op != "constant"], None)
+    measured = ((lambda ctx, g: measured_anchor_seconds(graph, ctx, g, precision))
+                if measure else None)
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured)
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
@@ -114,14 +120,16 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
             src = render_single(single)
             if src is not None:
                 _add_kernel(graph, lowered, pending, nodes, src)
+            elif measure and gemm.applies(single) and not prec.applies(precision, single.op):
+                lowered.steps.append(gemm_step(single))
             else:
-                lowered.steps.append(gemm_step(single) if measure and gemm.applies(single)
-                                     else op_step(single))
+                lowered.steps.append(op_step(single, precision))
             continue
         outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
         if ctx.role[nodes[0]] is Role.ANCHOR:
             inplace = _residual_is_dead(ctx, group, position)
-            lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure, inplace))
+            lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure, inplace,
+                                              precision))
             continue
         _add_kernel(graph, lowered, pending, nodes,
                     render(graph, nodes, lambda v, g=group: ctx.escapes(v, g)))
@@ -158,10 +166,13 @@ def _residual_is_dead(ctx, group, position) -> bool:
                for u in ctx.users.get(other, ()))
 
 
-def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False):
-    """(signature, {name: fn}, inputs) for an anchor group: the library form and the
-    reference form (the nodes as torch ops)."""
+def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False,
+                       precision: str = "fp32"):
+    """(signature, {name: fn}, inputs, epilogue, inplace) for an anchor group: the library
+    form and the reference form (the nodes as torch ops, in float32). A group computed in
+    bf16 reads a rounded copy of its residual, so it never adds into the residual itself."""
     anchor = nodes[0]
+    inplace = inplace and not prec.applies(precision, anchor.op)
     ep = anchor_epilogue(ctx, group)
     used = library.group_inputs(anchor, ep)
     # the reference form also reads the weight's view; the library form has it packed
@@ -169,19 +180,23 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False)
                   if v not in used and not ctx.producer_in(v, group) and not _is_constant(v)]
     candidates = {"reference": reference_fn(graph, nodes, ins, outputs)}
     k = len(used)
-    for name, fn in library.forms(graph, anchor, ep, inplace).items():
+    for name, fn in library.forms(graph, anchor, ep, inplace, precision).items():
         candidates[name] = lambda *args, fn=fn: fn(*args[:k])
-    return library.signature(graph, anchor, ep), candidates, ins, ep
+    return library.signature(graph, anchor, ep, precision), candidates, ins, ep, inplace
 
 
-def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool) -> Step:
-    key, candidates, ins, ep = _anchor_candidates(graph, ctx, group, nodes, outputs, inplace)
+def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool,
+                 precision: str = "fp32") -> Step:
+    key, candidates, ins, ep, inplace = _anchor_candidates(graph, ctx, group, nodes, outputs,
+                                                           inplace, precision)
     if measure:
         chosen, _ = library.choose(key, candidates, ins)
     else:
         chosen = "onednn" if "onednn" in candidates else "reference"
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
+    if kind == "library" and prec.applies(precision, nodes[0].op):
+        name += f" [{precision}]"
     overwrites = None
     if inplace and chosen == "onednn":
         name += " (into its residual)"
@@ -189,14 +204,16 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     return Step(candidates[chosen], ins, outputs, nodes, kind, name, overwrites)
 
 
-def measured_anchor_seconds(graph, ctx, group) -> float:
+def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost)."""
     nodes = sorted(group, key=ctx.index.__getitem__)
-    known = library.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group)))
+    known = library.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group),
+                                               precision))
     if known is not None:  # skip packing weights for a shape measured already
         return known
     outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
-    key, candidates, ins, _ = _anchor_candidates(graph, ctx, group, nodes, outputs)
+    key, candidates, ins, _, _ = _anchor_candidates(graph, ctx, group, nodes, outputs,
+                                                    precision=precision)
     return library.choose(key, candidates, ins)[1]
 
 

@@ -22,6 +22,7 @@ from ..options import Options
 from .decompositions import decomposition_table
 from .freezing import FrozenProgram, freezable_positions
 from .program import CompiledProgram
+from .training import float32_training
 
 _counter = itertools.count()
 
@@ -45,6 +46,12 @@ def _compile_aten_graph(gm: torch.fx.GraphModule, example_inputs, options: Optio
 
     run._boxed_call = True
     return run
+
+
+def _training_compiler(options: Options):
+    def compile_training_graph(gm, example_inputs):
+        return _compile_aten_graph(gm, example_inputs, float32_training(options))
+    return compile_training_graph
 
 
 def _compile_inference_graph(gm: torch.fx.GraphModule, example_inputs, *, dynamo_gm,
@@ -100,19 +107,22 @@ frozen_programs = _Recent()
 
 def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     """The Dynamo backend: `backend(graph_module, example_inputs) -> callable`.
-    Options (`torch.compile(..., options={...})`): `rewrite` and `fusion` (see
-    `opweave.compile`), `freeze` (default True: freeze weights in inference graphs)."""
+    Options (`torch.compile(..., options={...})`): `rewrite`, `fusion` and `precision`
+    (see `opweave.compile`; precision applies to inference graphs), `freeze` (default
+    True: freeze weights in inference graphs)."""
     from torch._dynamo.backends.common import aot_autograd
 
     # torch.compile passes its `options` dict as one keyword argument named `options`
     options = {**(options.pop("options", None) or {}), **options}
-    unknown = set(options) - {"rewrite", "fusion", "freeze"}
+    unknown = set(options) - {"rewrite", "fusion", "freeze", "precision"}
     if unknown:
         raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; "
-                         "known: rewrite, fusion, freeze")
-    resolved = Options.resolve(rewrite=options.get("rewrite"), fusion=options.get("fusion"))
-    compiler = functools.partial(_compile_aten_graph, options=resolved)
-    inference = compiler
+                         "known: rewrite, fusion, freeze, precision")
+    resolved = Options.resolve(rewrite=options.get("rewrite"), fusion=options.get("fusion"),
+                               precision=options.get("precision"))
+    inference = functools.partial(_compile_aten_graph, options=resolved)
+    # the forward and backward of a training step (built only when one is run)
+    compiler = _training_compiler(resolved)
     if options.get("freeze", True):
         inference = functools.partial(_compile_inference_graph, dynamo_gm=gm,
                                       dynamo_inputs=list(example_inputs), options=resolved)

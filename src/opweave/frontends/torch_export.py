@@ -294,14 +294,17 @@ def _written_constants(gm: fx.GraphModule) -> list[str]:
 def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | None = None,
             rewrite=None, fusion=None, train: bool = False, loss_every: int | None = 1,
             example_kwargs: dict | None = None, options: Options | None = None,
-            memory_budget: int | float | None = None):
+            memory_budget: int | float | None = None, precision: str | None = None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`. `options`: an `opweave.Options` (default: from the environment);
-    `rewrite` and `fusion` override its fields. With `train=True`, `model(*inputs)` must
-    return a scalar loss; see `training`."""
+    `rewrite`, `fusion`, `memory_budget` and `precision` override its fields. With
+    `train=True`, `model(*inputs)` must return a scalar loss; see `training`."""
     name = name or type(model).__name__
+    if train and precision not in (None, "fp32"):
+        raise ValueError(f"precision={precision!r} applies to inference; a training step "
+                         "computes in float32 (mixed-precision training is not built)")
     options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
-                              memory_budget=memory_budget)
+                              memory_budget=memory_budget, precision=precision)
     if train:
         from .training import TrainingModel
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -243,7 +243,7 @@ class TrainingModel:
         self.model = model
         self.name = name
         self.loss_every = loss_every
-        self._options = Options.resolve(options)
+        self._options = float32_training(Options.resolve(options))
         self._steps: dict[tuple, _JointStep | None] = {}  # None: runs in eager
         self.calls = 0
         self.training = model.training  # the mode the graph was captured in
@@ -298,3 +298,14 @@ class TrainingModel:
     def graphs(self):
         return [g for step in self._steps.values() if step is not None
                 for p in step.programs.values() for g in p.graphs]
+
+
+def float32_training(options: Options) -> Options:
+    """The options a training graph compiles with: float32, saying so once when another
+    precision was asked for (it applies to inference graphs; mixed-precision training,
+    with float32 master weights, is not built)."""
+    if options.precision == "fp32":
+        return options
+    warn_once(f"opweave: training graphs compute in float32; precision={options.precision!r} "
+              "applies to inference graphs only", OpweaveFallbackWarning)
+    return replace(options, precision="fp32")

@@ -50,8 +50,9 @@ class OnnxModel:
     """
 
     def __init__(self, source, name: str | None = None, rewrite=None, fusion=None,
-                 options: Options | None = None):
-        self.options = Options.resolve(options, rewrite=rewrite, fusion=fusion)
+                 options: Options | None = None, precision: str | None = None):
+        self.options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
+                                       precision=precision)
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -190,7 +191,8 @@ class OnnxModel:
 
 
 def from_onnx(source, name: str | None = None, rewrite=None, fusion=None,
-              options: Options | None = None) -> OnnxModel:
+              options: Options | None = None, precision: str | None = None) -> OnnxModel:
     """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `options`,
-    `rewrite` and `fusion` as in `opweave.compile`."""
-    return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion, options=options)
+    `rewrite`, `fusion` and `precision` as in `opweave.compile`."""
+    return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
+                     precision=precision)

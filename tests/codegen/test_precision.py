@@ -1,0 +1,197 @@
+"""precision="bf16": products, convolutions and attention on bfloat16 operands with float32
+accumulation, everything else float32 (codegen/precision.py). Each test checks the
+result against a float64 reference within bf16's tolerance and that the error is bf16's,
+not float32's: a mode that silently stayed float32 fails."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import opweave
+from opweave.codegen import library, precision
+from opweave.options import Options
+
+pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
+
+# relative L2 error of a bf16 computation: bf16 keeps 8 significant bits (2^-9 = 2e-3 per
+# rounding); a float32 computation of these sizes stays below 1e-6
+BF16_REL_L2 = 2e-2
+FP32_REL_L2 = 1e-5
+
+
+def _rel_l2(got: torch.Tensor, reference: torch.Tensor) -> float:
+    return float((got.double() - reference).norm() / reference.norm())
+
+
+def _options(mode: str) -> Options:
+    # measure=False always takes the library form, so the test does not depend on which
+    # form is faster on this machine
+    return Options(measure=False, deterministic=True, precision=mode, native="off")
+
+
+def _compile_and_check(model: nn.Module, inputs: tuple, bf16_steps: int):
+    """Compile `model` in both precisions; return the bf16 step names."""
+    model = model.eval()
+    with torch.no_grad():
+        reference = model.double()(*[x.double() for x in inputs])
+        model.float()
+        errors, names = {}, {}
+        for mode in ("fp32", "bf16"):
+            compiled = opweave.compile(model, inputs, options=_options(mode))
+            got = compiled(*inputs)
+            assert got.dtype == torch.float32
+            errors[mode] = _rel_l2(got, reference)
+            names[mode] = [s.name for g in compiled.program.compiled_graphs
+                           for s in g.executor.lowered_steps]
+    assert errors["fp32"] < FP32_REL_L2
+    assert 10 * FP32_REL_L2 < errors["bf16"] < BF16_REL_L2, errors
+    assert not any("[bf16]" in n for n in names["fp32"])
+    assert sum("[bf16]" in n for n in names["bf16"]) == bf16_steps, names["bf16"]
+    return names["bf16"]
+
+
+def test_linear_layers_and_their_epilogues_run_in_bf16():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    names = _compile_and_check(model, (torch.randn(32, 64),), bf16_steps=2)
+    assert "matmul+add+gelu [bf16]" in names
+
+
+class _ResidualConv(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.bn = nn.BatchNorm2d(16)
+        self.conv = nn.Conv2d(16, 16, 3, padding=1)
+
+    def forward(self, x):
+        y = F.relu(self.bn(self.stem(x)))
+        return F.relu(self.conv(y) + y)
+
+
+def test_convolutions_with_residual_run_in_bf16():
+    torch.manual_seed(0)
+    model = _ResidualConv()
+    with torch.no_grad():
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+        model.bn.running_var.uniform_(0.5, 2.0)
+    names = _compile_and_check(model, (torch.randn(2, 3, 16, 16),), bf16_steps=2)
+    # a bf16 group reads a rounded copy of its residual: it never adds into it in place
+    assert not any("into its residual" in n for n in names)
+
+
+class _Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(2, 10, 3, 4, 8).permute(2, 0, 3, 1, 4)
+        return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 10, 32)
+
+
+def test_attention_runs_in_bf16():
+    torch.manual_seed(0)
+    names = _compile_and_check(_Attention(), (torch.randn(2, 10, 32),), bf16_steps=2)
+    assert "attention [bf16]" in names
+
+
+def test_fusion_off_applies_the_policy_to_single_ops():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(8, 16)
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model.float()
+        compiled = opweave.compile(model, (x,), fusion="off", options=_options("bf16"))
+        err = _rel_l2(compiled(x), ref)
+    assert 10 * FP32_REL_L2 < err < BF16_REL_L2
+    names = [s.name for g in compiled.program.compiled_graphs for s in g.executor.lowered_steps]
+    assert names.count("matmul [bf16]") == 2
+
+
+def test_dynamo_backend_takes_the_precision_option(monkeypatch):
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the library form, whichever is faster here
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 16)).eval()
+    x = torch.randn(8, 64)
+    with torch.no_grad():
+        ref = model.double()(x.double())
+        model.float()
+        compiled = torch.compile(model, backend="opweave", options={"precision": "bf16"})
+        err = _rel_l2(compiled(x), ref)
+    assert 10 * FP32_REL_L2 < err < BF16_REL_L2
+
+
+def test_onnx_takes_the_precision_option():
+    from ..onnx.helpers import mlp, mlp_reference
+
+    x = np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32)
+    got = opweave.from_onnx(mlp().SerializeToString(), options=_options("bf16"))(x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    ref = mlp_reference(x.astype(np.float64))
+    err = float(np.linalg.norm(np.asarray(got, np.float64) - ref) / np.linalg.norm(ref))
+    assert 10 * FP32_REL_L2 < err < BF16_REL_L2
+
+
+def test_training_computes_in_float32():
+    model = nn.Sequential(nn.Linear(8, 4))
+    loss = lambda x: model(x).square().mean()  # noqa: E731
+    with pytest.raises(ValueError, match="training step computes in float32"):
+        opweave.compile(_Loss(model), (torch.randn(4, 8),), train=True, precision="bf16")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        step = opweave.compile(_Loss(model), (torch.randn(4, 8),), train=True,
+                               options=_options("bf16"))
+    assert any("training graphs compute in float32" in str(w.message) for w in caught)
+    x = torch.randn(4, 8, dtype=torch.float64)
+    torch.testing.assert_close(step(x.float()), loss(x.float()), rtol=1e-6, atol=1e-6)
+
+
+class _Loss(nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x).square().mean()
+
+
+@pytest.mark.parametrize("mode, message", [
+    ("fp16", "precision must be one of fp32, bf16; got 'fp16'"),
+    ("int8", "precision='int8' is not available: post-training quantization is not built"),
+    ("bf16x3", "precision='bf16x3' is not available: it needs a bf16 GEMM with a float32"),
+])
+def test_an_unknown_or_unbuilt_precision_is_refused(mode, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        Options(precision=mode)
+    with pytest.raises(ValueError, match="precision"):
+        opweave.compile(nn.Linear(2, 2), (torch.randn(1, 2),), precision=mode)
+
+
+def test_bf16_choices_are_recorded_apart_from_float32_ones():
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.legality import Epilogue
+
+    from ..partition.graphs import linear
+
+    g = Graph("lin")
+    x = g.add_input("x", TensorType((4, 8), torch.float32))
+    y = linear(g, x, 8, 16, "fc")
+    g.outputs = [y]
+    anchor = next(n for n in g.nodes if n.op == "matmul")
+    ep = Epilogue()
+    assert library.signature(g, anchor, ep) != library.signature(g, anchor, ep, "bf16")
+    assert library.signature(g, anchor, ep, "fp32") == library.signature(g, anchor, ep)
+
+
+def test_units_reads_the_cpus_flags():
+    line = "processor\t: 0\nflags\t\t: fpu sse avx2 fma {}\nbugs\t\t: none\n"
+    assert precision.units(line.format("")).startswith("no bf16 units")
+    assert precision.units(line.format("avx512f avx512_bf16")).startswith("AVX-512 BF16")
+    assert precision.units(line.format("avx512_bf16 amx_bf16 amx_tile")) == "AMX bf16 tiles"
