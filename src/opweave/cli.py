@@ -123,7 +123,11 @@ def _bench(args) -> int:
         return _horizontal(args)
     if args.memory:
         return _memory_curve(args)
+    if args.precision == "bf16" and args.mode == "train":
+        print("--precision bf16 compares inference backends; training steps compute in float32")
+        return 2
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
+                                 else harness.PRECISION_BACKENDS if args.precision == "bf16"
                                  else harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
@@ -385,6 +389,10 @@ def _add_bench_parser(sub, models) -> None:
                    help="default: all (inference) or eager, inductor, opweave (training); "
                         "eager is always measured as the reference")
     p.add_argument("--mode", choices=("infer", "train"), default="infer")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                   help="bf16: opweave, Inductor (autocast, freezing) and OpenVINO in bf16 "
+                        "beside their fp32 forms, held to bf16's tolerance (default backends "
+                        "change accordingly)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--runs", type=int, default=10, help="timed rounds (one call per backend)")
     p.add_argument("--warmup", type=int, default=3)

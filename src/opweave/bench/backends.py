@@ -16,6 +16,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from ..codegen.precision import tally
 from ..models import BenchmarkModel
 from ..models.base import disable_dropout
 from .modes import INFER, TRAIN
@@ -85,6 +86,26 @@ def _infer_inductor_freezing(bench, threads):
     return _infer_inductor(bench, threads, freezing=True)
 
 
+def _infer_inductor_bf16(bench, threads):
+    """Inductor's documented bf16 path on CPUs: freezing, and the call under
+    `torch.autocast("cpu", dtype=torch.bfloat16)` (its outputs are widened for the check)."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = True
+    torch._dynamo.reset()
+
+    def compile_(m):
+        compiled = torch.compile(m)
+
+        def call(*args):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                return compiled(*args)
+        return call
+    prepared = _infer_torch(bench, compile_)
+    prepared.note = "freezing, autocast bf16"
+    return prepared
+
+
 def _program_notes(programs) -> list[str]:
     """What the rewrite pass and fusion did, summed over the compiled programs (one for
     `opweave.compile`, one per graph for torch.compile)."""
@@ -102,6 +123,11 @@ def _program_notes(programs) -> list[str]:
         library, cpp, op = (sum(c.get(k, 0) for c in counts) for k in ("library", "cpp", "op"))
         notes.append(f"{method} fusion: {library} library + {cpp} generated kernels, "
                      f"{op} single ops")
+    counts = [tally(low.steps) for low in lowered]
+    in_bf16 = sum(c[0] for c in counts)
+    if in_bf16:
+        notes.append(f"{in_bf16} of {sum(c[1] for c in counts)} product/convolution/attention "
+                     "steps in bf16")
     return notes
 
 
@@ -118,7 +144,8 @@ def _with_fallback_notes(prepare: Callable[[], Prepared]) -> tuple[Prepared, lis
                       if issubclass(w.category, OpweaveFallbackWarning)]
 
 
-def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned=False):
+def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned=False,
+                   precision="fp32"):
     """opweave.compile; untuned (the configuration `opweave tune` recorded is not used)
     unless `tuned`, so `opweave` vs `opweave-tuned` is what tuning gained."""
     from dataclasses import replace
@@ -127,7 +154,7 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
     from ..options import Options
 
     compiled = []
-    options = replace(Options.resolve(), tuned=tuned)
+    options = replace(Options.resolve(), tuned=tuned, precision=precision)
     if native is not None:
         options = replace(options, native=native)
 
@@ -151,11 +178,15 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
     return prepared
 
 
+def _infer_opweave_bf16(bench, threads):
+    return _infer_opweave(bench, threads, precision="bf16")
+
+
 def _infer_opweave_tuned(bench, threads):
     return _infer_opweave(bench, threads, tuned=True)
 
 
-def _infer_opweave_dynamo(bench, threads):
+def _infer_opweave_dynamo(bench, threads, precision="fp32"):
     """`torch.compile(module.eval(), backend="opweave")` called under `torch.no_grad()`:
     AOTAutograd's inference graphs, weights frozen by the backend. The comparison with
     `opweave` is what the torch.compile path costs (graph breaks, guards, AOTAutograd)."""
@@ -164,8 +195,9 @@ def _infer_opweave_dynamo(bench, threads):
     torch._dynamo.reset()
     graphs_mark = torch_dynamo.compiled_graphs.mark()
     frozen_mark = torch_dynamo.frozen_programs.mark()
-    prepared, notes = _with_fallback_notes(
-        lambda: _infer_torch(bench, lambda m: torch.compile(m, backend="opweave")))
+    options = {"precision": precision}
+    prepared, notes = _with_fallback_notes(lambda: _infer_torch(
+        bench, lambda m: torch.compile(m, backend="opweave", options=options)))
     programs = torch_dynamo.compiled_graphs.since(graphs_mark)
     prepared.step()  # a second call: a guard that fails on it recompiles here, not in timing
     recompiled = len(torch_dynamo.compiled_graphs.since(graphs_mark)) - len(programs)
@@ -177,6 +209,10 @@ def _infer_opweave_dynamo(bench, threads):
         notes.append(f"recompiled {recompiled} graph(s) on the second call")
     prepared.note = "; ".join(notes + _program_notes(programs))
     return prepared
+
+
+def _infer_opweave_dynamo_bf16(bench, threads):
+    return _infer_opweave_dynamo(bench, threads, precision="bf16")
 
 
 def _infer_opweave_norewrite(bench, threads):
@@ -327,6 +363,10 @@ def _infer_openvino(bench, threads, precision: str | None = "f32"):
                     keep=[compiled, request, feed])
 
 
+def _infer_openvino_bf16(bench, threads):
+    return _infer_openvino(bench, threads, precision="bf16")
+
+
 def _infer_openvino_default(bench, threads):
     return _infer_openvino(bench, threads, precision=None)
 
@@ -456,6 +496,12 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "onnxruntime": {INFER: _infer_onnxruntime, TRAIN: _inference_only("ONNX Runtime")},
     "tvm": {INFER: _infer_tvm, TRAIN: _inference_only("TVM")},
     "openvino": {INFER: _infer_openvino, TRAIN: _inference_only("OpenVINO")},
+    # bf16 by the user's choice (`opweave bench --precision bf16`), held to bf16's tolerance
+    "openvino-bf16": {INFER: _infer_openvino_bf16, TRAIN: _inference_only("OpenVINO bf16")},
+    "inductor-bf16": {INFER: _infer_inductor_bf16, TRAIN: _inference_only("Inductor bf16")},
+    "opweave-bf16": {INFER: _infer_opweave_bf16, TRAIN: _inference_only("precision bf16")},
+    "opweave-dynamo-bf16": {INFER: _infer_opweave_dynamo_bf16,
+                            TRAIN: _inference_only("precision bf16")},
     # labelled apart: bf16 where the CPU has it, so not an fp32 figure there
     "openvino-default": {INFER: _infer_openvino_default,
                          TRAIN: _inference_only("OpenVINO (default precision)")},

@@ -7,9 +7,11 @@ import json
 import math
 from pathlib import Path
 
+from ..codegen.precision import units
 from ..files import atomic_write, atomic_write_bytes
 from . import cpu
-from .harness import REFERENCE, TOLERANCE, BenchResult, ModelResult
+from .harness import (LOW_PRECISION_REL_L2, REFERENCE, TOLERANCE, BenchResult, ModelResult,
+                      low_precision)
 
 MIB = 1 << 20
 
@@ -59,7 +61,7 @@ def _marks(result: BenchResult, model: ModelResult, backend: str) -> str:
     marks = ""
     if entry.note:
         marks += "*"
-    if entry.max_abs_diff is not None and entry.max_abs_diff > TOLERANCE[result.config.mode]:
+    if entry.max_abs_diff is not None and not entry.accurate(TOLERANCE[result.config.mode]):
         marks += "!"
     return marks
 
@@ -67,7 +69,7 @@ def _marks(result: BenchResult, model: ModelResult, backend: str) -> str:
 def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
     peak = result.machine.get("gemm_peak_flops")
     header = ["model", "backend", "median ms", "min ms", "max ms", "vs eager", "setup s",
-              "max abs diff", "peak RSS MiB", "torch peak MiB", "% GEMM peak", "note"]
+              "max abs diff", "rel L2 diff", "peak RSS MiB", "torch peak MiB", "% GEMM peak", "note"]
     rows = []
     for model in result.models:
         for backend in _backends(result):
@@ -75,7 +77,7 @@ def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
             if entry is None:
                 continue
             if not entry.ok:
-                rows.append([model.model, backend] + ["-"] * 9 + [f"{entry.status}: {entry.reason}"])
+                rows.append([model.model, backend] + ["-"] * 10 + [f"{entry.status}: {entry.reason}"])
                 continue
             s = entry.summary
             share = ("-" if not (peak and model.flops)
@@ -84,6 +86,7 @@ def detail_rows(result: BenchResult) -> tuple[list[str], list[list[str]]]:
                          _ratio(model.speedup_over_eager(backend)),
                          "-" if entry.setup_s is None else f"{entry.setup_s:.1f}",
                          "-" if entry.max_abs_diff is None else f"{entry.max_abs_diff:.1e}",
+                         "-" if entry.rel_l2_diff is None else f"{entry.rel_l2_diff:.1e}",
                          _mib(entry.peak_rss), _mib(entry.torch_peak), share, entry.note])
     return header, rows
 
@@ -110,7 +113,9 @@ def _preamble(result: BenchResult) -> list[str]:
     c, m = result.config, result.machine
     peak = m.get("gemm_peak_flops")
     what = "training step (forward, backward, SGD)" if c.mode == "train" else "inference"
-    return [f"{what}, batch {c.batch}, fp32, {c.threads} threads on {m['cpu']} "
+    precision = ("fp32, bf16 where a backend is named *-bf16"
+                 if any(low_precision(b) for b in _backends(result)) else "fp32")
+    return [f"{what}, batch {c.batch}, {precision}, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up",
             cpu.line(m.get("cpu_info") or {}),
             f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
@@ -121,6 +126,10 @@ def _footnotes(result: BenchResult) -> list[str]:
     notes = ["(Nx) = eager median / backend median: above 1 is faster than eager.",
              f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g} "
              f"(left out of the geometric mean)."]
+    if any(low_precision(b) for b in _backends(result)):
+        notes.append(f"*-bf16 backends compute in bf16: held to a relative L2 difference "
+                     f"from eager of {LOW_PRECISION_REL_L2:g} instead; this CPU's bf16 units: "
+                     f"{units()}.")
     for model in result.models:
         if model.notes:
             notes.append(f"{model.model}: {model.notes}")

@@ -42,6 +42,7 @@ class Step:
     kind: str                    # "op", "library", "cpp", "reference"
     name: str = ""
     overwrites: Value | None = None  # an input whose storage the step writes its output into
+    precision: str = "fp32"          # what its products compute in (codegen/precision.py)
 
 
 @dataclass
@@ -66,7 +67,7 @@ def op_step(node: Node, precision: str = "fp32") -> Step:
         fn = lambda *args: list(impl(*args, **attrs))  # noqa: E731
     if prec.applies(precision, node.op):
         return Step(prec.lowered(fn), list(node.inputs), list(node.outputs), [node], "op",
-                    f"{node.op} [{precision}]")
+                    f"{node.op} [{precision}]", precision=precision)
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 
@@ -195,13 +196,15 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         chosen = "onednn" if "onednn" in candidates else "reference"
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
+    computes_in = "fp32"
     if kind == "library" and prec.applies(precision, nodes[0].op):
         name += f" [{precision}]"
+        computes_in = precision
     overwrites = None
     if inplace and chosen == "onednn":
         name += " (into its residual)"
         overwrites = ins[1]
-    return Step(candidates[chosen], ins, outputs, nodes, kind, name, overwrites)
+    return Step(candidates[chosen], ins, outputs, nodes, kind, name, overwrites, computes_in)
 
 
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:

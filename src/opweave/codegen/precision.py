@@ -71,3 +71,10 @@ def _cpuinfo() -> str:
         return Path("/proc/cpuinfo").read_text()
     except OSError:
         return ""
+
+
+def tally(steps) -> tuple[int, int]:
+    """(steps computing in bf16, steps computing a product, convolution or attention): what
+    `explain` and the bench say of a compiled graph's precision."""
+    eligible = [s for s in steps if any(n.op in LOWERED_OPS for n in s.nodes)]
+    return sum(s.precision == "bf16" for s in eligible), len(eligible)
