@@ -21,7 +21,8 @@ def _explain(args) -> int:
                       memory_budget=budget))
         return 0
     report = explain(bench.module.eval(), bench.inputs, name=args.model,
-                     graph_breaks=not args.no_graph_breaks, rewrite=args.rewrite)
+                     graph_breaks=not args.no_graph_breaks, rewrite=args.rewrite,
+                     precision=args.precision)
     print(report)
     if args.ir:
         import warnings
@@ -123,6 +124,8 @@ def _bench(args) -> int:
         return _horizontal(args)
     if args.memory:
         return _memory_curve(args)
+    if args.accuracy:
+        return _accuracy(args)
     if args.precision == "bf16" and args.mode == "train":
         print("--precision bf16 compares inference backends; training steps compute in float32")
         return 2
@@ -144,6 +147,19 @@ def _bench(args) -> int:
     if failures:
         print(f"opweave failed or differs from eager on: {', '.join(failures)}")
     return 1 if failures else 0
+
+
+def _accuracy(args) -> int:
+    import torch
+
+    from . import models
+    from .bench import accuracy, cpu
+
+    torch.set_num_threads(args.threads)
+    print(cpu.line(cpu.describe(args.threads)))
+    print(accuracy.table(accuracy.measure_models(args.models or models.BENCHMARK_SET,
+                                                 small=args.small)))
+    return 0
 
 
 def _overhead(args) -> int:
@@ -313,6 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget", type=float, default=None, metavar="B",
                    help="the training step under a memory budget: a fraction of the "
                         "unconstrained peak (0 < B <= 1) or bytes (B > 1); implies --train")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+                   help="inference in this precision (default: fp32, or $OPWEAVE_PRECISION); "
+                        "bf16 says how many steps run in it, on which units")
     p.set_defaults(func=_explain)
     p = sub.add_parser("rules", help="the rewrite rules: list, check, prove, generate")
     p.add_argument("--check", action="store_true", help="run every rule on its examples")
@@ -413,6 +432,9 @@ def _add_bench_parser(sub, models) -> None:
                    help="only training memory: step time and peak memory of opweave at "
                         "each --fractions budget, eager, per-block checkpointing and "
                         "Inductor (default models: bert-base at seq 512, vit-b16)")
+    p.add_argument("--accuracy", action="store_true",
+                   help="only accuracy: eager fp32 and opweave in fp32 and bf16 against a "
+                        "float64 reference (max abs and relative L2 of the outputs)")
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],
                    help="--memory: budgets as fractions of opweave's unconstrained peak")
     p.set_defaults(func=_bench)

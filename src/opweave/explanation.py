@@ -23,6 +23,7 @@ class Explanation:
     rewrites: list = field(default_factory=list)  # RewriteReport per segment
     runtime: list[str] = field(default_factory=list)  # how each segment's calls run
     memory: list[str] = field(default_factory=list)  # training: each segment's peak and plan
+    precision: str = ""  # with precision="bf16": which steps run in bf16, on which units
 
     @property
     def captured(self) -> bool:
@@ -60,6 +61,8 @@ class Explanation:
                 lines.append(f"  segment {i} runs as: {how}")
             for i, plan in enumerate(self.memory):
                 lines.append(f"  segment {i} memory: {plan}")
+            if self.precision:
+                lines.append(f"  precision: {self.precision}")
             if cov.fallback:
                 lines.append("  eager ops between segments run from Python, one call each")
         lines.extend(str(r) for r in self.rewrites)
@@ -85,11 +88,12 @@ def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
 
 def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
             name: str | None = None, graph_breaks: bool = True, rewrite=None,
-            train: bool = False, memory_budget=None) -> Explanation:
+            train: bool = False, memory_budget=None, precision=None) -> Explanation:
     """Compile `model` as `opweave.compile` does and report coverage, the IR (after the
     rewrite pass) and what the rewrite pass did: rules fired where, cost before and after.
     With `train=True` (and optionally `memory_budget`), the training step: each joint
-    graph's peak memory, and what rematerialization recomputed to meet the budget."""
+    graph's peak memory, and what rematerialization recomputed to meet the budget. With
+    `precision="bf16"`, how many steps compute in bf16 and on which of the CPU's units."""
     import warnings
 
     from .frontends.torch_export import compile as compile_model
@@ -99,7 +103,7 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
         compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite,
-                                 train=train, memory_budget=memory_budget)
+                                 train=train, memory_budget=memory_budget, precision=precision)
     program = _program(compiled)
     ir_ops: dict[str, int] = {}
     flops = moved = 0
@@ -118,7 +122,21 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         capture, coverage, error = compiled.capture, compiled.coverage, compiled.capture_error
     return Explanation(name, capture, coverage, ir_ops, breaks, reasons, flops, moved, error,
                        program.rewrites if program else [], runtime,
-                       [_memory(g) for g in program.compiled_graphs] if train and program else [])
+                       [_memory(g) for g in program.compiled_graphs] if train and program else [],
+                       _precision(program, precision) if program else "")
+
+
+def _precision(program, precision) -> str:
+    """How many product/convolution/attention steps compute in bf16 (a group whose float32
+    form measured faster keeps it), and the CPU's bf16 units."""
+    from .codegen.precision import tally, units
+
+    if precision in (None, "fp32"):
+        return ""
+    counts = [tally(g.executor.lowered_steps or []) for g in program.compiled_graphs]
+    return (f"{precision}: {sum(c[0] for c in counts)} of {sum(c[1] for c in counts)} "
+            f"product/convolution/attention steps in bf16 (the rest measured faster in "
+            f"float32); this CPU: {units()}")
 
 
 def _program(compiled):

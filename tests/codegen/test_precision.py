@@ -195,3 +195,37 @@ def test_units_reads_the_cpus_flags():
     assert precision.units(line.format("")).startswith("no bf16 units")
     assert precision.units(line.format("avx512f avx512_bf16")).startswith("AVX-512 BF16")
     assert precision.units(line.format("avx512_bf16 amx_bf16 amx_tile")) == "AMX bf16 tiles"
+
+
+def test_explain_says_how_many_steps_run_in_bf16(monkeypatch):
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the library form, whichever is faster here
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
+    text = str(opweave.explain(model, (torch.randn(4, 32),), graph_breaks=False,
+                               precision="bf16"))
+    assert "precision: bf16: 2 of 2 product/convolution/attention steps in bf16" in text
+    assert precision.units() in text
+    assert "precision:" not in str(opweave.explain(model, (torch.randn(4, 32),),
+                                                   graph_breaks=False))
+
+
+def test_a_result_only_bf16_steps_read_is_handed_on_in_bf16():
+    """Linear -> GELU (fused) -> Linear: the first group's result is read only by the second
+    (a bf16 step), so it stays bf16 instead of being widened and rounded again; the
+    graph's output is widened. The rounding is the same either way: the result equals the
+    one computed with every result widened."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)).eval()
+    x = torch.randn(32, 64)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options("bf16"))
+        got = compiled(x)
+        steps = compiled.program.compiled_graphs[0].executor.lowered_steps
+        calls = [precision.low_precision_call(s) for s in steps if s.precision == "bf16"]
+        assert [c.keep_low for c in calls] == [frozenset({0}), frozenset()]
+        widened = opweave.compile(model, (x,), options=_options("bf16"))
+        for s in widened.program.compiled_graphs[0].executor.lowered_steps:
+            call = precision.low_precision_call(s)
+            if call is not None:
+                call.keep_low = frozenset()
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, widened(x), rtol=0, atol=0)

@@ -46,6 +46,9 @@ def test_keys_without_features_are_named():
                          TARGET)
     with pytest.raises(learned.UnknownWorkload, match="graph-config"):
         learned.features("graph-config", (), "x", TARGET)
+    bf16 = ("matmul", (), ("f32[2,128,768]", "f32[768,3072]"), (), ("precision", "bf16"))
+    with pytest.raises(learned.UnknownWorkload, match="precision"):  # not ranked: measured
+        learned.features("library-form", bf16, "onednn", TARGET)
 
 
 def planted_records(n: int, seed: int = 0) -> list[Record]:

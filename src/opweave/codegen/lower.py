@@ -105,7 +105,10 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
     products, convolutions and attention on bfloat16 operands (codegen/precision.py)."""
     if mode == "off":
-        return Lowered([op_step(n, precision) for n in graph.nodes if n.op != "constant"], None)
+        steps = [op_step(n, precision) for n in graph.nodes if n.op != "constant"]
+        if precision != "fp32":
+            prec.hand_off_in_bf16(steps, graph.outputs)
+        return Lowered(steps, None)
     measured = ((lambda ctx, g: measured_anchor_seconds(graph, ctx, g, precision))
                 if measure else None)
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured)
@@ -135,6 +138,8 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
         _add_kernel(graph, lowered, pending, nodes,
                     render(graph, nodes, lambda v, g=group: ctx.escapes(v, g)))
     _build(pending, lowered)
+    if precision != "fp32":
+        prec.hand_off_in_bf16(lowered.steps, graph.outputs)
     return lowered
 
 
@@ -182,7 +187,7 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False,
     candidates = {"reference": reference_fn(graph, nodes, ins, outputs)}
     k = len(used)
     for name, fn in library.forms(graph, anchor, ep, inplace, precision).items():
-        candidates[name] = lambda *args, fn=fn: fn(*args[:k])
+        candidates[name] = _Leading(fn, k)
     return library.signature(graph, anchor, ep, precision), candidates, ins, ep, inplace
 
 
@@ -205,6 +210,17 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         name += " (into its residual)"
         overwrites = ins[1]
     return Step(candidates[chosen], ins, outputs, nodes, kind, name, overwrites, computes_in)
+
+
+class _Leading:
+    """Calls a library form with the group's first `k` inputs (the reference form also
+    reads the weight's view; the library form has it packed)."""
+
+    def __init__(self, form: Callable, k: int):
+        self.form, self.k = form, k
+
+    def __call__(self, *args):
+        return self.form(*args[:self.k])
 
 
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:

@@ -35,12 +35,63 @@ def widen(t: torch.Tensor) -> torch.Tensor:
     return t.float() if t.dtype == LOW else t
 
 
-def lowered(fn: Callable) -> Callable:
-    """`fn` (a step's function: tensors in, a list of tensors out) computed on bfloat16
-    operands, its results widened back to float32."""
-    def run(*args):
-        return [widen(y) for y in fn(*[narrow(a) for a in args])]
-    return run
+class LowPrecisionCall:
+    """A step's function (tensors in, a list of tensors out) computed on bfloat16 operands
+    (float32 ones are rounded; bf16 ones pass as they are). Its results are widened back to
+    float32, except those at the positions in `keep_low`: outputs that only bf16 steps
+    read, which `hand_off_in_bf16` leaves in bf16 to save a conversion each way."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self.keep_low: frozenset[int] = frozenset()
+
+    def __call__(self, *args):
+        outs = self.fn(*[narrow(a) for a in args])
+        return [y if i in self.keep_low else widen(y) for i, y in enumerate(outs)]
+
+
+def lowered(fn: Callable) -> LowPrecisionCall:
+    """`fn` computed on bfloat16 operands, its results widened back to float32."""
+    return LowPrecisionCall(fn)
+
+
+def low_precision_call(step) -> LowPrecisionCall | None:
+    """The step's bf16 call, if it computes in bf16 (a library form may sit behind a
+    wrapper that passes it its leading inputs, as `form`)."""
+    fn = getattr(step.fn, "form", step.fn)
+    return fn if isinstance(fn, LowPrecisionCall) else None
+
+
+def hand_off_in_bf16(steps, graph_outputs) -> int:
+    """Leave a bf16 step's output in bf16 where every step that reads it, directly or
+    through views (reshape, permute, slice: single view ops, which take any dtype), computes
+    in bf16 itself; it would round the float32 copy straight back. Graph outputs stay
+    float32. Returns the number of outputs handed off."""
+    readers: dict = {}
+    for step in steps:
+        for v in dict.fromkeys(step.inputs):
+            readers.setdefault(v, []).append(step)
+    outputs = set(graph_outputs)
+
+    def only_bf16_reads(v) -> bool:
+        if v in outputs or not readers.get(v):
+            return False
+        for r in readers[v]:
+            if r.precision == "bf16" and low_precision_call(r) is not None:
+                continue
+            is_view = r.kind == "op" and len(r.nodes) == 1 and r.nodes[0].opdef.is_view
+            if not (is_view and all(only_bf16_reads(o) for o in r.outputs)):
+                return False
+        return True
+
+    handed = 0
+    for step in steps:
+        call = low_precision_call(step)
+        if call is None:
+            continue
+        call.keep_low = frozenset(i for i, v in enumerate(step.outputs) if only_bf16_reads(v))
+        handed += len(call.keep_low)
+    return handed
 
 
 def applies(precision: str, op: str) -> bool:
