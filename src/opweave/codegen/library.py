@@ -75,7 +75,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
-    return {name: prec.lowered(fn) for name, fn in found.items()} if low else found
+    return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
 
 
 def _weight(graph: Graph, v: Value, low: bool) -> torch.Tensor:

@@ -66,8 +66,8 @@ def op_step(node: Node, precision: str = "fp32") -> Step:
     else:
         fn = lambda *args: list(impl(*args, **attrs))  # noqa: E731
     if prec.applies(precision, node.op):
-        return Step(prec.lowered(fn), list(node.inputs), list(node.outputs), [node], "op",
-                    f"{node.op} [{precision}]", precision=precision)
+        return Step(prec.LowPrecisionCall(fn), list(node.inputs), list(node.outputs), [node],
+                    "op", f"{node.op} [{precision}]", precision=precision)
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 

@@ -2,13 +2,14 @@
 
 "fp32" (the default) computes everything in float32. "bf16": matrix products,
 convolutions and attention read their operands rounded to bfloat16 and accumulate in
-float32 (oneDNN's bf16 primitives; torch's bf16 flash-attention kernel, which keeps its
-softmax in float32); the step's result, with its fused epilogue (bias, activation,
-residual add), is rounded to bfloat16 once and widened back to float32. Every other op
-(norms, softmax outside attention, reductions, pointwise kernels) computes in float32 as
-before, and graph inputs and outputs stay float32. Constant weights and biases are
-stored in bfloat16 at compile time. A group whose float32 form measures faster than its bf16 form
-keeps float32 (only more accurate); `explain` counts the steps that run in bf16.
+float32 (oneDNN's bf16 primitives, with weights and biases stored in bf16 at compile
+time; torch's bf16 flash-attention kernel, which keeps its softmax in float32). The
+step's result, with its fused epilogue (bias, activation, residual add), is rounded to
+bfloat16 once: widened back to float32 for the steps that compute in float32, handed on
+as it is where only bf16 steps read it. Every other op (norms, softmax outside
+attention, reductions, pointwise kernels) computes in float32 as before, and graph
+inputs and outputs stay float32. A library group whose float32 form measures faster than
+its bf16 form keeps float32 (only more accurate); `explain` counts the bf16 steps.
 
 On a CPU without bf16 units (AVX2 only) oneDNN still computes bf16 correctly, converting
 in software, and is then slower than float32; `units()` says which units this CPU has.
@@ -48,11 +49,6 @@ class LowPrecisionCall:
     def __call__(self, *args):
         outs = self.fn(*[narrow(a) for a in args])
         return [y if i in self.keep_low else widen(y) for i, y in enumerate(outs)]
-
-
-def lowered(fn: Callable) -> LowPrecisionCall:
-    """`fn` computed on bfloat16 operands, its results widened back to float32."""
-    return LowPrecisionCall(fn)
 
 
 def low_precision_call(step) -> LowPrecisionCall | None:
