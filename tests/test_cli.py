@@ -41,3 +41,10 @@ def test_bench_zoo_selects_the_zoo_after_named_models():
     chosen = bench_models(argparse.Namespace(models=["gcn", "zoo-gpt2"], zoo=True))
     assert chosen[:2] == ["gcn", "zoo-gpt2"] and chosen.count("zoo-gpt2") == 1
     assert set(chosen) == {"gcn", *models.ZOO_SET}
+
+
+def test_bf16_is_refused_for_training_steps_with_the_reason(capsys):
+    assert main(["explain", "gcn", "--small", "--train", "--precision", "bf16"]) == 2
+    assert "training steps compute in float32" in capsys.readouterr().err
+    assert main(["bench", "--mode", "train", "--precision", "bf16", "--no-progress"]) == 2
+    assert "training steps compute in float32" in capsys.readouterr().err

@@ -12,6 +12,10 @@ def _explain(args) -> int:
 
     bench = models.build(args.model, small=args.small)
     if args.train or args.memory_budget is not None:
+        if args.precision not in (None, "fp32"):
+            print("--precision applies to inference; training steps compute in float32",
+                  file=sys.stderr)
+            return 2
         from .models.base import disable_dropout
 
         budget = args.memory_budget
@@ -127,7 +131,8 @@ def _bench(args) -> int:
     if args.accuracy:
         return _accuracy(args)
     if args.precision == "bf16" and args.mode == "train":
-        print("--precision bf16 compares inference backends; training steps compute in float32")
+        print("--precision bf16 compares inference backends; training steps compute in float32",
+              file=sys.stderr)
         return 2
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.PRECISION_BACKENDS if args.precision == "bf16"
