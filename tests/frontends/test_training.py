@@ -347,3 +347,33 @@ def test_inputs_that_require_grad_train_in_eager_with_the_reason():
     assert any("require grad" in str(w.message) for w in caught)
     step(x, y).backward()
     assert x.grad is not None
+
+
+class _DeepMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256),
+                                                              torch.nn.ReLU())
+                                          for _ in range(6)])
+
+    def forward(self, x):
+        return self.body(x).square().mean()
+
+
+def test_capture_does_not_compute_the_step():
+    """Traced on real inputs, the joint export computed the whole step for real and held
+    it: BERT-base at batch 4, sequence 512 peaked 6 GiB above an eager step. On fake
+    inputs it allocates less than one activation (4096 x 256 floats, 4 MiB), and the
+    compiled step still matches eager."""
+    from opweave.bench.memory import peak_allocated_during
+
+    torch.manual_seed(0)
+    model, x = _DeepMLP(), torch.randn(4096, 256)
+    peak = peak_allocated_during(lambda: capture_joint(model, (x,)))
+    assert peak < x.numel() * 4, f"the capture allocated {peak / 2**20:.1f} MiB"
+    reference = copy.deepcopy(model)
+    step = opweave.compile(model, (x,), train=True)
+    step(x).backward()
+    reference(x).backward()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)

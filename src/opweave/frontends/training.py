@@ -85,17 +85,31 @@ _PREFIX = "model."
 
 def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]) -> JointGraph:
     from torch._functorch.aot_autograd import aot_export_module
+    from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedFakeTensorException
 
-    def export(wrapper):
-        return aot_export_module(wrapper(model), tuple(example_inputs), trace_joint=True,
+    def export(wrapper, inputs):
+        return aot_export_module(wrapper(model), inputs, trace_joint=True,
                                  output_loss_index=0, decompositions=decomposition_table())
 
+    def trace(inputs):
+        try:
+            return export(_LossAsTuple, inputs)
+        except AssertionError as err:
+            if "backward_output_names" not in str(err):
+                raise
+            return export(_DistinctGradients, inputs)  # two parameters shared one gradient node
+
+    # Traced on fake inputs: given real ones, the export computes the whole step for real
+    # and holds it (BERT-base, batch 4, sequence 512: 6 GiB above an eager step's peak).
+    # Sparse tensors (GCN's adjacency) cannot be faked; such a model is traced on its real
+    # inputs, as before.
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
-        gm, sig = export(_LossAsTuple)
-    except AssertionError as err:
-        if "backward_output_names" not in str(err):
-            raise
-        gm, sig = export(_DistinctGradients)  # two parameters shared one gradient node
+        fakes = tuple(fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) else x
+                      for x in example_inputs)
+        gm, sig = trace(fakes)
+    except UnsupportedFakeTensorException:
+        gm, sig = trace(tuple(example_inputs))
     strip = lambda name: name[len(_PREFIX):] if name.startswith(_PREFIX) else name  # noqa: E731
     outputs = [a.name for a in _output_node(gm).args[0]]
     grads_by_output = sig.backward_signature.gradients_to_parameters
