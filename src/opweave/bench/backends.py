@@ -74,12 +74,27 @@ def _infer_eager(bench, threads):
     return _infer_torch(bench, lambda m: m)
 
 
-def _infer_inductor(bench, threads, freezing=False):
+def _infer_inductor(bench, threads, freezing=False, autocast=None):
+    """torch.compile's default backend; `autocast`: a dtype to run each call under
+    `torch.autocast("cpu", dtype=...)` (Inductor's documented bf16 path on CPUs, with
+    freezing; its outputs are widened for the check)."""
     import torch._inductor.config as inductor_config
 
     inductor_config.freezing = freezing
     torch._dynamo.reset()
-    return _infer_torch(bench, lambda m: torch.compile(m))
+    if autocast is None:
+        return _infer_torch(bench, lambda m: torch.compile(m))
+
+    def compile_(m):
+        compiled = torch.compile(m)
+
+        def call(*args):
+            with torch.autocast("cpu", dtype=autocast):
+                return compiled(*args)
+        return call
+    prepared = _infer_torch(bench, compile_)
+    prepared.note = f"freezing={freezing}, autocast {autocast}"
+    return prepared
 
 
 def _infer_inductor_freezing(bench, threads):
@@ -87,23 +102,7 @@ def _infer_inductor_freezing(bench, threads):
 
 
 def _infer_inductor_bf16(bench, threads):
-    """Inductor's documented bf16 path on CPUs: freezing, and the call under
-    `torch.autocast("cpu", dtype=torch.bfloat16)` (its outputs are widened for the check)."""
-    import torch._inductor.config as inductor_config
-
-    inductor_config.freezing = True
-    torch._dynamo.reset()
-
-    def compile_(m):
-        compiled = torch.compile(m)
-
-        def call(*args):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                return compiled(*args)
-        return call
-    prepared = _infer_torch(bench, compile_)
-    prepared.note = "freezing, autocast bf16"
-    return prepared
+    return _infer_inductor(bench, threads, freezing=True, autocast=torch.bfloat16)
 
 
 def _program_notes(programs) -> list[str]:

@@ -64,7 +64,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     `inplace`: the residual operand is dead after this group, so a convolution may add
     into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer).
     `precision`: "bf16" packs the weight in bfloat16 and computes the group on bfloat16
-    operands (codegen/precision.py); its result is widened back to float32."""
+    operands (codegen/precision.LowPrecisionCall: its result is widened back to float32
+    unless only bf16 steps read it)."""
     if not supports():
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
