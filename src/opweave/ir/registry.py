@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from . import symbols
 from .types import TensorType
 
 
@@ -60,10 +61,13 @@ class Attr:
     def check(self, value) -> bool:
         if self.kind not in ("bool", "scalar") and isinstance(value, bool):
             return False
+        if self.kind in ("int", "optional_int") and symbols.is_symbolic(value):
+            return True  # a size known only when the graph is called
         if not isinstance(value, ATTR_KINDS[self.kind]):
             return False
         if self.kind == "ints":
-            return all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+            return all(isinstance(v, int) and not isinstance(v, bool) or symbols.is_symbolic(v)
+                       for v in value)
         return True
 
 
@@ -114,11 +118,22 @@ class OpDef:
         return out
 
     def infer(self, inputs: Sequence[TensorType], attrs: dict) -> list[TensorType]:
-        shapes = self.shape_rule(inputs, attrs)
+        try:
+            shapes = self.shape_rule(inputs, attrs)
+        except TypeError as err:
+            # sympy cannot decide a comparison of symbols ("is s0 - 2 > 0?"): the rule
+            # needs concrete sizes, so this use of the op cannot be symbolic
+            if all(t.is_static for t in inputs) and not symbols.free_symbols(attrs.values()):
+                raise
+            raise ShapeError(f"op {self.name}: its shape rule needs concrete sizes "
+                             f"here ({str(err).splitlines()[0]})") from None
         dts = self.dtype_rule(inputs, attrs)
         if len(shapes) != len(dts):
             raise AssertionError(f"op {self.name}: shape and dtype rules disagree on output count")
-        return [TensorType(tuple(int(d) for d in s), dt) for s, dt in zip(shapes, dts)]
+        try:
+            return [TensorType(tuple(symbols.dim(d) for d in s), dt) for s, dt in zip(shapes, dts)]
+        except symbols.SymbolError as err:
+            raise ShapeError(f"op {self.name}: {err}") from None
 
     def cost(self, inputs: Sequence[TensorType], outputs: Sequence[TensorType], attrs: dict) -> Cost:
         moved = 0 if self.is_view else default_bytes(inputs, outputs, attrs)

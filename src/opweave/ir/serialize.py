@@ -15,12 +15,15 @@ import torch
 from . import dtypes
 from ..files import atomic_write, atomic_write_bytes
 from .graph import Graph, Value
+from . import symbols
 from .types import TensorType
 
 FORMAT_VERSION = 1
 
 
 def _attr_to_json(value):
+    if symbols.is_symbolic(value):
+        return {"dim": symbols.to_text(value)}
     if isinstance(value, torch.dtype):
         return {"dtype": dtypes.name_of(value)}
     if isinstance(value, float) and not math.isfinite(value):
@@ -36,6 +39,8 @@ def _attr_from_json(value):
             return dtypes.to_torch(value["dtype"])
         if "float" in value:
             return float(value["float"])
+        if "dim" in value:
+            return symbols.parse(value["dim"])
         raise ValueError(f"bad attribute value {value!r}")
     if isinstance(value, list):
         return [_attr_from_json(v) for v in value]
@@ -43,11 +48,13 @@ def _attr_from_json(value):
 
 
 def _type_json(t: TensorType) -> dict:
-    return {"shape": list(t.shape), "dtype": dtypes.name_of(t.dtype)}
+    shape = [d if isinstance(d, int) else symbols.to_text(d) for d in t.shape]
+    return {"shape": shape, "dtype": dtypes.name_of(t.dtype)}
 
 
 def _type_from(d: dict) -> TensorType:
-    return TensorType(tuple(d["shape"]), dtypes.to_torch(d["dtype"]))
+    shape = tuple(symbols.parse(x) if isinstance(x, str) else x for x in d["shape"])
+    return TensorType(shape, dtypes.to_torch(d["dtype"]))
 
 
 def to_dict(graph: Graph) -> dict:

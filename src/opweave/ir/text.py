@@ -17,7 +17,7 @@ import re
 
 import torch
 
-from . import dtypes
+from . import dtypes, symbols
 from .graph import Graph, Value
 from .types import TensorType
 
@@ -28,6 +28,8 @@ class ParseError(ValueError):
 
 # -- printing -----------------------------------------------------------------------------
 def format_attr(value) -> str:
+    if symbols.is_symbolic(value):
+        return f'?"{symbols.to_text(value)}"'
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
@@ -70,7 +72,7 @@ _TOKEN = re.compile(r"""\s*(?:
   | (?P<num>-?(?:inf|nan|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?))(?![A-Za-z0-9_])
   | (?P<value>%[A-Za-z0-9_.]+)
   | (?P<id>@?[A-Za-z_][A-Za-z0-9_.]*)
-  | (?P<punct>[\[\](){},=:])
+  | (?P<punct>[\[\](){},=:?])
 )""", re.VERBOSE)
 
 
@@ -119,15 +121,33 @@ class _Cursor:
         self.take(text="[")
         shape = []
         while not self.accept("]"):
-            shape.append(int(self.take("num")))
+            shape.append(self.dim())
             self.accept(",")
         try:
             return TensorType(tuple(shape), dtypes.to_torch(name))
         except ValueError as err:
             self.fail(str(err))
 
+    def dim(self):
+        """`128`, a symbol `s0`, or an expression `?"128*s0"` (ir.symbols)."""
+        kind, text = self.peek() or ("", "")
+        if kind == "num":
+            return int(self.take("num"))
+        if kind == "id":
+            return symbols.parse(self.take("id"))
+        return self.symbolic()
+
+    def symbolic(self):
+        self.take(text="?")
+        try:
+            return symbols.parse(json.loads(self.take("str")))
+        except symbols.SymbolError as err:
+            self.fail(str(err))
+
     def attr_value(self):
         kind, text = self.peek() or ("", "")
+        if text == "?":
+            return self.symbolic()
         if text == "[":
             self.take()
             items = []

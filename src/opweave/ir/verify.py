@@ -1,7 +1,7 @@
 """The verifier: checks a graph is well formed. Cheap enough to run after every pass."""
 from __future__ import annotations
 
-from . import registry
+from . import registry, symbols
 from .graph import Graph, Node
 from .types import TensorType
 
@@ -23,6 +23,8 @@ def verify(graph: Graph) -> Graph:
             raise VerificationError(f"graph input %{value.name} is defined twice")
         defined[value.name] = value
     positions = {id(v): i for i, node in enumerate(graph.nodes) for v in node.outputs}
+    # every symbol must be a dimension of an input: a call's shapes give its value
+    bound = symbols.free_symbols(d for v in graph.inputs for d in v.type.shape)
 
     for index, node in enumerate(graph.nodes):
         where = _where(index, node)
@@ -47,6 +49,10 @@ def verify(graph: Graph) -> Graph:
         except (ValueError, TypeError, RuntimeError, IndexError) as err:
             raise VerificationError(f"{where}: {err}") from None
         declared = [v.type for v in node.outputs]
+        stray = symbols.free_symbols([t.shape for t in declared] + list(node.attrs.values())) - bound
+        if stray:
+            raise VerificationError(f"{where}: symbol(s) {', '.join(sorted(stray))} appear in no "
+                                    f"input's shape, so no call can give their values")
         if expected != declared:
             raise VerificationError(
                 f"{where}: declared output types {_types(declared)} but the op's rules give "

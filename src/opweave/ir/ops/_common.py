@@ -6,6 +6,7 @@ from typing import Sequence
 
 import torch
 
+from .. import symbols
 from ..registry import Attr, MappingType, OpDef, ShapeError, register
 from ..types import TensorType
 
@@ -27,10 +28,18 @@ def define(name, num_inputs, mapping, shape, dtype, impl, *, attrs=None, flops=N
 
 
 def meta(t: TensorType) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device="meta")
+    """An empty tensor of `t`'s dtype and rank (for dtype rules; a symbolic dimension
+    stands as 2: promotion depends on rank and dtype only)."""
+    shape = t.shape if t.is_static else tuple(2 if symbols.is_symbolic(d) else d for d in t.shape)
+    return torch.empty(shape, dtype=t.dtype, device="meta")
 
 
 def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    if not all(symbols.is_static(s) for s in shapes):
+        try:
+            return symbols.broadcast(*shapes)
+        except symbols.SymbolError as err:
+            raise ShapeError(str(err)) from None
     try:
         return tuple(torch.broadcast_shapes(*[tuple(s) for s in shapes]))
     except RuntimeError:
