@@ -130,6 +130,8 @@ def _bench(args) -> int:
         return _memory_curve(args)
     if args.accuracy:
         return _accuracy(args)
+    if args.dynamic:
+        return _dynamic(args)
     if args.precision == "bf16" and args.mode == "train":
         print("--precision bf16 compares inference backends; training steps compute in float32",
               file=sys.stderr)
@@ -152,6 +154,23 @@ def _bench(args) -> int:
     if failures:
         print(f"opweave failed or differs from eager on: {', '.join(failures)}")
     return 1 if failures else 0
+
+
+def _dynamic(args) -> int:
+    import torch
+
+    from .bench import cpu, dynamic
+
+    torch.set_num_threads(args.threads)
+    sizes = [(b, s) for b in args.batches for s in args.seqs]
+    model = (args.models or ["bert-base"])[0]
+    print(f"{model}{' (small)' if args.small else ''}; {cpu.line(cpu.describe(args.threads))}")
+    print(dynamic.header())
+    results = dynamic.measure(sizes, model_name=model, runs=args.runs, warmup=args.warmup,
+                              small=args.small)
+    worst = max(max(r.max_abs_diff.values()) for r in results)
+    print(f"largest difference from eager: {worst:.1e}")
+    return 0 if worst < 1e-3 else 1
 
 
 def _accuracy(args) -> int:
@@ -440,6 +459,12 @@ def _add_bench_parser(sub, models) -> None:
     p.add_argument("--accuracy", action="store_true",
                    help="only accuracy: eager fp32 and opweave in fp32 and bf16 against a "
                         "float64 reference (max abs and relative L2 of the outputs)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="only dynamic shapes: one model (default bert-base) at each --batches "
+                        "x --seqs size, opweave compiled once with dynamic=True against a "
+                        "static compile per size, eager and Inductor dynamic=True")
+    p.add_argument("--seqs", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256, 384, 512])
+    p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],
                    help="--memory: budgets as fractions of opweave's unconstrained peak")
     p.set_defaults(func=_bench)

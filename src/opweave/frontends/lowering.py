@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 import torch.fx as fx
 
-from ..ir import Graph, TensorType, Value, dtypes, provenance
+from ..ir import Graph, TensorType, Value, dtypes, provenance, symbols
 
 
 class Unsupported(Exception):
@@ -57,9 +57,29 @@ def tensor_type(example) -> TensorType:
         raise Unsupported(f"tensors on {example.device} are not supported yet")
     if not dtypes.is_supported(example.dtype):
         raise Unsupported(f"dtype {example.dtype} is not supported")
-    if not all(isinstance(d, int) for d in example.shape):
-        raise Unsupported("dynamic (symbolic) shapes are not supported yet")
-    return TensorType(tuple(example.shape), example.dtype)
+    try:
+        return TensorType(tuple(symbols.dim(d) for d in example.shape), example.dtype)
+    except symbols.SymbolError as err:
+        raise Unsupported(f"a shape the IR cannot carry: {err}") from None
+
+
+SIZE_TYPES = (int, torch.SymInt)
+
+
+def is_size(node) -> bool:
+    """Whether an FX node computes a size (an int or a torch.SymInt), not a tensor."""
+    if not isinstance(node, fx.Node):
+        return False
+    value = node.meta.get("val", node.meta.get("example_value"))
+    return isinstance(value, SIZE_TYPES) and not isinstance(value, bool)
+
+
+def with_sizes(args, kwargs):
+    """A node's arguments with every size-valued FX node replaced by its dimension
+    (ir.symbols): the rules see `s0*128` where the graph computes it."""
+    def size(n: fx.Node):
+        return symbols.dim(fx_value(n)) if is_size(n) else n
+    return fx.node.map_arg(args, size), fx.node.map_arg(kwargs, size)
 
 
 class LoweringContext:

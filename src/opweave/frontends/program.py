@@ -24,7 +24,11 @@ from ..options import Options
 from ..pipeline import CompiledGraph, compile_graph
 from ..runtime import Executor
 from . import aten  # noqa: F401  (fills the lowering table)
-from .lowering import TABLE, LoweringContext, Unsupported, fx_value, tensor_type
+from ..ir import symbols
+from ..ir.specialize import is_symbolic
+from ..specializing import SymbolicGraph
+from .lowering import (TABLE, LoweringContext, Unsupported, fx_value, is_size, tensor_type,
+                       with_sizes)
 
 
 @dataclass
@@ -60,6 +64,18 @@ def _is_compute(node: fx.Node) -> bool:
     return node.op == "call_function"
 
 
+def _size_nodes(graph: fx.Graph) -> list[fx.Node]:
+    """The nodes that compute sizes from the inputs' sizes (`s0 * s1`, `sym_size(x, 1)`)
+    under dynamic shapes. They run first, in Python; a lowered node reads the symbolic
+    dimension each stands for instead (`lowering.with_sizes`)."""
+    found: list[fx.Node] = []
+    for node in graph.nodes:
+        if _is_compute(node) and is_size(node) and all(
+                d.op == "placeholder" or d in found for d in node.all_input_nodes):
+            found.append(node)
+    return found
+
+
 def _trial_lower(node: fx.Node, constants) -> tuple[Any, str]:
     """Lower one node into a scratch graph; return (its values, '') or (None, reason)."""
     rule = TABLE.get(node.target)
@@ -68,7 +84,7 @@ def _trial_lower(node: fx.Node, constants) -> tuple[Any, str]:
     scratch = LoweringContext(Graph("trial"), constants)
     try:
         for dep in node.all_input_nodes:
-            if dep in constants:
+            if dep in constants or is_size(dep):
                 continue
             example = fx_value(dep)
             if isinstance(example, (tuple, list)):
@@ -78,7 +94,8 @@ def _trial_lower(node: fx.Node, constants) -> tuple[Any, str]:
             else:
                 scratch.values[dep] = scratch.graph.add_input(dep.name, tensor_type(example))
         scratch.node = node
-        result = rule(scratch, *node.args, **node.kwargs)
+        args, kwargs = with_sizes(node.args, node.kwargs)
+        result = rule(scratch, *args, **kwargs)
         _check_against_example(node, result)
         return result, ""
     except Unsupported as err:
@@ -104,8 +121,8 @@ def _check_against_example(node: fx.Node, result) -> None:
 @dataclass
 class _Segment:
     nodes: list[fx.Node]
-    compiled: CompiledGraph | None = None
-    executor: Executor | None = None
+    compiled: CompiledGraph | None = None  # a symbolic segment: its latest plan
+    executor: Executor | SymbolicGraph | None = None
     inputs: list[fx.Node] = field(default_factory=list)
     outputs: list[fx.Node] = field(default_factory=list)
 
@@ -128,8 +145,10 @@ class CompiledProgram:
                 self.constants[node] = _fetch_attr(gm, node.target)
         _fold_sparse_views(graph, self.constants)
         self.coverage = Coverage()
-        supported, reasons = self._classify(graph)
-        order = _cluster_order(graph, supported, self.constants)
+        sizes = _size_nodes(graph)
+        self._symbol_sources = _symbol_sources(self.placeholders)
+        supported, reasons = self._classify(graph, set(sizes))
+        order = _cluster_order(graph, supported, self.constants, sizes)
         self.steps: list[_Segment | fx.Node] = []
         for node in order:
             if node in supported:
@@ -138,7 +157,7 @@ class CompiledProgram:
                 self.steps[-1].nodes.append(node)
             else:
                 self.steps.append(node)
-                if node.target is not operator.getitem:  # tuple access, not an op
+                if node.target is not operator.getitem and node not in sizes:  # not ops
                     name_ = op_name(node)
                     self.coverage.fallback[name_] += 1
                     self.coverage.reasons.setdefault(name_, reasons.get(node, ""))
@@ -149,12 +168,12 @@ class CompiledProgram:
         self._calls = self._make_calls()
 
     # -- classification ------------------------------------------------------------------
-    def _classify(self, graph: fx.Graph):
+    def _classify(self, graph: fx.Graph, sizes: set[fx.Node]):
         supported: set[fx.Node] = set()
         reasons: dict[fx.Node, str] = {}
         trial: dict[fx.Node, Any] = {}
         for node in graph.nodes:
-            if not _is_compute(node) or node in self.constants:
+            if not _is_compute(node) or node in self.constants or node in sizes:
                 continue
             if node.target is operator.getitem:
                 source = node.args[0]
@@ -188,12 +207,15 @@ class CompiledProgram:
             members = set(step.nodes)
             step.inputs = list(dict.fromkeys(
                 dep for n in step.nodes for dep in n.all_input_nodes
-                if dep not in members and dep not in self.constants))
+                if dep not in members and dep not in self.constants and not is_size(dep)))
             step.outputs = [n for n in step.nodes
                             if any(u not in members for u in n.users)]
-            step.compiled = compile_graph(self._lower_segment(step, f"{self.name}_{i}"),
-                                          self.options)
-            step.executor = step.compiled.executor
+            graph = self._lower_segment(step, f"{self.name}_{i}")
+            if is_symbolic(graph) or graph.symbols:
+                step.executor = SymbolicGraph(graph, self.options)
+            else:
+                step.compiled = compile_graph(graph, self.options)
+                step.executor = step.compiled.executor
             self.coverage.segments += 1
             self.coverage.ir_nodes += len(step.executor.graph.nodes)
 
@@ -204,7 +226,8 @@ class CompiledProgram:
             ctx.values[dep] = ctx.graph.add_input(dep.name, tensor_type(fx_value(dep)))
         for node in segment.nodes:
             ctx.node = node
-            ctx.values[node] = TABLE[node.target](ctx, *node.args, **node.kwargs)
+            args, kwargs = with_sizes(node.args, node.kwargs)
+            ctx.values[node] = TABLE[node.target](ctx, *args, **kwargs)
         outputs = []
         for node in segment.outputs:
             value = ctx.values[node]
@@ -213,7 +236,12 @@ class CompiledProgram:
             outputs.append(value)
         ctx.graph.outputs = outputs
         ctx.graph.remove_dead()
-        return ctx.graph
+        graph = ctx.graph
+        carried = symbols.free_symbols(d for v in graph.inputs for d in v.type.shape)
+        used = symbols.free_symbols([v.type.shape for n in graph.nodes for v in n.outputs]
+                                    + [a for n in graph.nodes for a in n.attrs.values()])
+        graph.symbols = sorted(used - carried)  # bound from the program's size arguments
+        return graph
 
     def _dense_values(self) -> set[fx.Node]:
         """The values eager steps read that torch traced as contiguous tensors. A segment
@@ -234,7 +262,9 @@ class CompiledProgram:
         """After each step, which FX values nobody later needs (dropped to free memory)."""
         slot = {n: i for i, n in enumerate(self.gm.graph.nodes)}
         self._slot = slot
-        self._base_env: list[Any] = [None] * len(slot)  # constants bound once
+        # constants bound once; the last slot holds the call's symbol values
+        self._base_env: list[Any] = [None] * (len(slot) + 1)
+        self._binding_slot = len(slot)
         for node, value in self.constants.items():
             self._base_env[slot[node]] = value
         last: dict[fx.Node, int] = {}
@@ -263,6 +293,14 @@ class CompiledProgram:
                     results = step.executor(*[env[i] for i in ins])
                     for s, value in zip(outs, results):
                         env[s] = value
+
+                def symbolic_segment(env, step=step, ins=ins, outs=outs, at=self._binding_slot):
+                    results = step.executor(*[env[i] for i in ins], given=env[at])
+                    step.compiled = step.executor.latest
+                    for s, value in zip(outs, results):
+                        env[s] = value
+                if isinstance(step.executor, SymbolicGraph):
+                    segment = symbolic_segment
                 calls.append(segment)
             else:
                 def eager(env, node=step):
@@ -277,6 +315,8 @@ class CompiledProgram:
         env = list(self._base_env)
         for node, value in zip(self.placeholders, args):
             env[self._slot[node]] = value
+        if self._symbol_sources:
+            env[self._binding_slot] = _binding(self._symbol_sources, args)
         for call, frees in zip(self._calls, self._frees):
             call(env)
             for s in frees:
@@ -300,7 +340,13 @@ class CompiledProgram:
 
     @property
     def compiled_graphs(self) -> list[CompiledGraph]:
-        return [s.compiled for s in self.steps if isinstance(s, _Segment)]
+        """Each segment's plan (a symbolic segment's latest; none before its first call)."""
+        return [s.compiled for s in self.steps if isinstance(s, _Segment) and s.compiled]
+
+    @property
+    def symbolic_graphs(self) -> list[SymbolicGraph]:
+        return [s.executor for s in self.steps if isinstance(s, _Segment)
+                and isinstance(s.executor, SymbolicGraph)]
 
     @property
     def rewrites(self) -> list:
@@ -347,11 +393,34 @@ def _fold_sparse_views(graph: fx.Graph, constants: dict[fx.Node, Any]) -> None:
             constants[node] = node.target(value, *node.args[1:]).coalesce()
 
 
-def _cluster_order(graph: fx.Graph, supported: set[fx.Node],
-                   constants: dict[fx.Node, Any]) -> list[fx.Node]:
+def _symbol_sources(placeholders: list[fx.Node]) -> list[tuple[str, int, int | None]]:
+    """Where a call's arguments give each symbol: (name, argument, axis), axis None for
+    a size argument; empty for a graph without symbols."""
+    sources, seen = [], set()
+    for i, node in enumerate(placeholders):
+        value = node.meta.get("val")
+        dims = [(None, value)] if isinstance(value, torch.SymInt) else \
+            list(enumerate(value.shape)) if isinstance(value, torch.Tensor) else []
+        for axis, d in dims:
+            d = symbols.dim(d) if isinstance(d, torch.SymInt) else d
+            if symbols.is_symbolic(d) and d.is_Symbol and d.name not in seen:
+                seen.add(d.name)
+                sources.append((d.name, i, axis))
+    return sources
+
+
+def _binding(sources, args) -> dict[str, int]:
+    return {name: int(args[i] if axis is None else args[i].shape[axis])
+            for name, i, axis in sources}
+
+
+def _cluster_order(graph: fx.Graph, supported: set[fx.Node], constants: dict[fx.Node, Any],
+                   sizes: list[fx.Node] = ()) -> list[fx.Node]:
     """A topological order of the compute nodes that keeps supported nodes together:
-    while any supported node is ready, take it; otherwise take an unsupported one."""
-    compute = [n for n in graph.nodes if _is_compute(n) and n not in constants]
+    while any supported node is ready, take it; otherwise take an unsupported one. Size
+    nodes come first (they read only the inputs)."""
+    first = list(sizes)
+    compute = [n for n in graph.nodes if _is_compute(n) and n not in constants and n not in first]
     index = {n: i for i, n in enumerate(compute)}
     pending = {n: sum(1 for d in n.all_input_nodes if d in index) for n in compute}
     ready_ok: list[int] = []
@@ -359,7 +428,7 @@ def _cluster_order(graph: fx.Graph, supported: set[fx.Node],
     for n in compute:
         if pending[n] == 0:
             heapq.heappush(ready_ok if n in supported else ready_other, index[n])
-    order = []
+    order = first
     while ready_ok or ready_other:
         queue = ready_ok if ready_ok else ready_other
         node = compute[heapq.heappop(queue)]

@@ -53,6 +53,9 @@ class Graph:
         self.outputs: list[Value] = []
         self.nodes: list[Node] = []
         self.constants: dict[str, torch.Tensor] = {}
+        # symbols (ir.symbols) a caller binds besides those in the inputs' shapes: a size
+        # Dynamo passes as an int argument, say
+        self.symbols: list[str] = []
         self._names: set[str] = set()
 
     # -- building -----------------------------------------------------------------------

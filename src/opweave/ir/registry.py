@@ -10,6 +10,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import sympy
 import torch
 
 from . import symbols
@@ -110,7 +111,7 @@ class OpDef:
         for key, spec in self.attrs.items():
             if key in attrs:
                 value = attrs[key]
-                out[key] = list(value) if isinstance(value, tuple) else value
+                out[key] = _canonical(list(value) if isinstance(value, tuple) else value)
             elif spec.default is REQUIRED:
                 raise ValueError(f"op {self.name}: missing attribute {key!r}")
             else:
@@ -138,6 +139,13 @@ class OpDef:
     def cost(self, inputs: Sequence[TensorType], outputs: Sequence[TensorType], attrs: dict) -> Cost:
         moved = 0 if self.is_view else default_bytes(inputs, outputs, attrs)
         return Cost(int(self.flops(inputs, outputs, attrs)), moved)
+
+
+def _canonical(value):
+    """Sizes computed over symbols in their canonical form (`64`, not sympy's Integer)."""
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    return symbols.dim(value) if isinstance(value, sympy.Expr) else value
 
 
 _REGISTRY: dict[str, OpDef] = {}

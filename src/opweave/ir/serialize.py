@@ -62,6 +62,7 @@ def to_dict(graph: Graph) -> dict:
         "format": FORMAT_VERSION,
         "name": graph.name,
         "inputs": [{"name": v.name, **_type_json(v.type)} for v in graph.inputs],
+        **({"symbols": list(graph.symbols)} if graph.symbols else {}),
         "nodes": [{
             "op": n.op,
             "inputs": [v.name for v in n.inputs],
@@ -87,6 +88,7 @@ def from_dict(data: dict, constants: dict[str, torch.Tensor] | None = None) -> G
 
     for item in data["inputs"]:
         values[item["name"]] = graph.add_input(item["name"], _type_from(item))
+    graph.symbols = list(data.get("symbols", []))
     for i, item in enumerate(data["nodes"]):
         where = f"node {i} ({item.get('op')})"
         outs = graph.add(item["op"], [lookup(n, where) for n in item["inputs"]],

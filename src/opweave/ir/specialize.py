@@ -17,17 +17,20 @@ from .symbols import SymbolError
 
 
 def graph_symbols(graph: Graph) -> set[str]:
-    """The names of the symbols a graph's inputs carry (every symbol must appear there)."""
-    return symbols.free_symbols(d for v in graph.inputs for d in v.type.shape)
+    """The names of the symbols a call must give values: those in the inputs' shapes,
+    and those the caller binds (`Graph.symbols`)."""
+    return symbols.free_symbols(d for v in graph.inputs for d in v.type.shape) | set(graph.symbols)
 
 
 def is_symbolic(graph: Graph) -> bool:
     return any(not v.type.is_static for v in graph.inputs)
 
 
-def binding_of(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
-    """The symbol values that make `graph`'s inputs take `shapes`; a SymbolError names an
-    input whose rank or size contradicts the graph."""
+def binding_of(graph: Graph, shapes: Sequence[Sequence[int]],
+               given: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The symbol values that make `graph`'s inputs take `shapes` (with `given` for the
+    symbols the caller binds); a SymbolError names an input whose rank or size
+    contradicts the graph."""
     if len(shapes) != len(graph.inputs):
         raise SymbolError(f"graph {graph.name} takes {len(graph.inputs)} inputs, got {len(shapes)}")
     pairs = []
@@ -37,6 +40,8 @@ def binding_of(graph: Graph, shapes: Sequence[Sequence[int]]) -> dict[str, int]:
                               f"compiled for {value.type}")
         pairs += [(d, int(s), f"input %{value.name} dim {axis}")
                   for axis, (d, s) in enumerate(zip(value.type.shape, shape))]
+    pairs += [(symbols.symbol(name), int(size), f"symbol {name}")
+              for name, size in (given or {}).items()]
     return symbols.bind(pairs)
 
 

@@ -67,6 +67,11 @@ def free_symbols(values: Iterable) -> set[str]:
     return names
 
 
+def provably_at_least(a: Dim, b: Dim) -> bool:
+    """Whether `a >= b` holds for every value of the symbols (False where undecided)."""
+    return bool(sympy.sympify(a - b).is_nonnegative)
+
+
 def product(dims: Iterable[Dim]) -> Dim:
     dims = list(dims)
     return math.prod(dims) if is_static(dims) else dim(sympy.Mul(*dims))

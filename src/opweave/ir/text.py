@@ -44,7 +44,7 @@ def format_attr(value) -> str:
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(format_attr(v) for v in value) + "]"
-    raise TypeError(f"cannot print attribute value {value!r}")
+    raise TypeError(f"cannot print attribute value {value!r} ({type(value).__name__})")
 
 
 def _typed(value: Value) -> str:
@@ -52,7 +52,8 @@ def _typed(value: Value) -> str:
 
 
 def print_graph(graph: Graph) -> str:
-    lines = [f"graph @{graph.name}(" + ", ".join(_typed(v) for v in graph.inputs) + ") {"]
+    bound = f" symbols({', '.join(graph.symbols)})" if graph.symbols else ""
+    lines = [f"graph @{graph.name}(" + ", ".join(_typed(v) for v in graph.inputs) + f"){bound} {{"]
     for node in graph.nodes:
         line = "  " + ", ".join(_typed(v) for v in node.outputs)
         line += f" = {node.op}(" + ", ".join("%" + v.name for v in node.inputs) + ")"
@@ -195,6 +196,11 @@ def parse_graph(text: str, constants: dict[str, torch.Tensor] | None = None) -> 
             cur.fail(f"value %{vname} is defined twice")
         values[vname] = value
         cur.accept(",")
+    if cur.accept("symbols"):
+        cur.take(text="(")
+        while not cur.accept(")"):
+            graph.symbols.append(cur.take("id"))
+            cur.accept(",")
     cur.take(text="{")
     cur.done()
 

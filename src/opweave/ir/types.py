@@ -41,8 +41,13 @@ class TensorType:
 
     def substitute(self, binding) -> "TensorType":
         """This type with its symbols replaced by their values in `binding`."""
-        return self if self.is_static else TensorType(symbols.substitute(self.shape, binding),
-                                                      self.dtype)
+        if self.is_static:
+            return self
+        shape = symbols.substitute(self.shape, binding)
+        if any(d < 0 for d in shape):
+            raise symbols.SymbolError(f"{self} is {list(shape)} for {dict(binding)}: a size "
+                                      f"cannot be negative")
+        return TensorType(shape, self.dtype)
 
     @staticmethod
     def of(tensor: torch.Tensor) -> "TensorType":

@@ -23,8 +23,10 @@ def verify(graph: Graph) -> Graph:
             raise VerificationError(f"graph input %{value.name} is defined twice")
         defined[value.name] = value
     positions = {id(v): i for i, node in enumerate(graph.nodes) for v in node.outputs}
-    # every symbol must be a dimension of an input: a call's shapes give its value
+    # every symbol must be a dimension of an input (a call's shapes give its value) or
+    # one the caller binds (Graph.symbols)
     bound = symbols.free_symbols(d for v in graph.inputs for d in v.type.shape)
+    bound |= set(graph.symbols)
 
     for index, node in enumerate(graph.nodes):
         where = _where(index, node)
@@ -52,7 +54,7 @@ def verify(graph: Graph) -> Graph:
         stray = symbols.free_symbols([t.shape for t in declared] + list(node.attrs.values())) - bound
         if stray:
             raise VerificationError(f"{where}: symbol(s) {', '.join(sorted(stray))} appear in no "
-                                    f"input's shape, so no call can give their values")
+                                    f"input's shape nor in the graph's symbols, so no call can give their values")
         if expected != declared:
             raise VerificationError(
                 f"{where}: declared output types {_types(declared)} but the op's rules give "

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ir import symbols
 from ..lowering import Unsupported, lowers
 from .common import MAX_INDEX, _dims, _shape, aten
 
@@ -148,8 +149,8 @@ def _slice(ctx, x, dim=0, start=None, end=None, step=1):
     v = ctx.value(x)
     dim = dim % v.type.rank
     start = 0 if start is None else start
-    end = MAX_INDEX if end is None else min(end, MAX_INDEX)
-    if start == 0 and end >= v.type.shape[dim] and step == 1:
+    end = MAX_INDEX if end is None else (min(end, MAX_INDEX) if isinstance(end, int) else end)
+    if start == 0 and symbols.provably_at_least(end, v.type.shape[dim]) and step == 1:
         return v
     return ctx.add1("slice", [v], {"dim": dim, "start": start, "end": end, "step": step})
 
@@ -172,7 +173,9 @@ def _split_with_sizes(ctx, x, sizes, dim=0):
 def _select(ctx, x, dim, index):
     v = ctx.value(x)
     dim = dim % v.type.rank
-    index = index % v.type.shape[dim]
+    size = v.type.shape[dim]
+    # a symbolic dim: a negative index counts from its end; another is the trace's guarded index
+    index = index % size if not symbols.is_symbolic(size) else (index + size if index < 0 else index)
     sliced = ctx.add1("slice", [v], {"dim": dim, "start": index, "end": index + 1, "step": 1})
     return reshape(ctx, sliced, [s for i, s in enumerate(_shape(v)) if i != dim])
 

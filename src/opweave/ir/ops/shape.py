@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 
+from .. import symbols
 from ._common import Attr, MappingType, ShapeError, define, norm_dim, same_dtype
 
 
@@ -68,9 +70,32 @@ def _slice_shape(ins, attrs):
     dim = norm_dim(attrs["dim"], len(shape))
     if attrs["step"] < 1:
         raise ShapeError(f"slice: step must be positive, got {attrs['step']}")
-    start, end, _ = slice(attrs["start"], attrs["end"], attrs["step"]).indices(shape[dim])
-    shape[dim] = len(range(start, end, attrs["step"]))
+    size, step = shape[dim], attrs["step"]
+    if not symbols.is_symbolic(size) and not symbols.free_symbols([attrs["start"], attrs["end"]]):
+        start, end, _ = slice(attrs["start"], attrs["end"], step).indices(size)
+        shape[dim] = len(range(start, end, step))
+        return [tuple(shape)]
+    start, end = _symbolic_bound(attrs["start"], size), _symbolic_bound(attrs["end"], size)
+    length = symbols.dim(sympy.floor((end - start + step - 1) / step))
+    shape[dim] = 0 if symbols.provably_at_least(0, length) else length
     return [tuple(shape)]
+
+
+def _symbolic_bound(index, size):
+    """A slice bound over a symbolic dim or with a symbolic value, clamped to [0, size]
+    where that is decidable; where it is not (a bound `s0` into a dim of 512), it is
+    taken to lie inside the dim, as the trace that gave it guarded. That is an assumption
+    a specialization checks: its concrete shape rule must give the same length
+    (ir.specialize), so a binding outside it raises SymbolError, never a wrong slice."""
+    if isinstance(index, int) and index >= 2**62:  # "to the end"
+        return size
+    if isinstance(index, int) and index < 0:
+        index = index + size
+    if symbols.provably_at_least(index, size):
+        return size
+    if sympy.sympify(index).is_negative:
+        return 0
+    return index
 
 
 def _slice(x, dim, start, end, step):

@@ -1,0 +1,73 @@
+"""A graph compiled for many shapes: one symbolic graph, one plan per binding.
+
+A frontend captures and lowers a model once, with symbolic sizes (ir.symbols); the graph
+passes and kernels then run on concrete sizes, once for each distinct binding of the
+symbols a call brings (`ir.specialize`), and each plan is kept for the next call with
+the same sizes, least recently used dropped beyond MAX_SPECIALIZATIONS. Specializing
+rebuilds every node on the real sizes and checks it against the symbolic type, so a
+binding the symbolic graph does not hold for raises SymbolError, never runs a wrong plan.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Mapping, Sequence
+
+from .ir import Graph
+from .ir.specialize import binding_of, graph_symbols, specialize
+from .options import Options
+from .pipeline import CompiledGraph, compile_graph
+
+# Plans kept per symbolic graph: BERT served at 8 sequence lengths and 4 batch sizes is 32.
+MAX_SPECIALIZATIONS = 32
+
+
+class SymbolicGraph:
+    """Callable like an Executor: `family(*tensors, given=None)`; `given` holds the values
+    of the symbols the graph's inputs do not carry (`Graph.symbols`)."""
+
+    def __init__(self, graph: Graph, options: Options):
+        self.graph = graph
+        self.options = options
+        self.symbols = graph_symbols(graph)
+        self.compiles = 0  # specializations compiled so far (evicted ones included)
+        self.latest: CompiledGraph | None = None
+        self._plans: OrderedDict[tuple, CompiledGraph] = OrderedDict()
+        self._by_call: dict[tuple, tuple[tuple, CompiledGraph]] = {}  # sizes -> (binding, plan)
+
+    def compiled_for(self, shapes: Sequence[Sequence[int]],
+                     given: Mapping[str, int] | None = None) -> CompiledGraph:
+        given = {k: v for k, v in (given or {}).items() if k in self.graph.symbols}
+        # the call's sizes decide its binding: look them up before solving for it (sympy
+        # costs tens of microseconds a dimension, more than a small plan's whole call)
+        call = (tuple(tuple(s) for s in shapes), tuple(sorted(given.items())))
+        known = self._by_call.get(call)
+        if known is not None:
+            self._plans.move_to_end(known[0])
+            self.latest = known[1]
+            return known[1]
+        binding = binding_of(self.graph, shapes, given)
+        key = tuple(sorted(binding.items()))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = compile_graph(specialize(self.graph, binding), self.options)
+            self.compiles += 1
+            self._plans[key] = plan
+            if len(self._plans) > MAX_SPECIALIZATIONS:
+                self._plans.popitem(last=False)
+                self._by_call.clear()  # drop lookups of the evicted plan
+        else:
+            self._plans.move_to_end(key)
+        self._by_call[call] = (key, plan)
+        self.latest = plan
+        return plan
+
+    def __call__(self, *tensors, given: Mapping[str, int] | None = None):
+        return self.compiled_for([t.shape for t in tensors], given)(*tensors)
+
+    @property
+    def plans(self) -> list[CompiledGraph]:
+        return list(self._plans.values())
+
+    def __repr__(self) -> str:
+        return (f"SymbolicGraph({self.graph.name}, symbols {sorted(self.symbols)}, "
+                f"{len(self._plans)} plan(s) kept, {self.compiles} compiled)")
