@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -11,7 +13,10 @@ import torch
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..options import Options
+from ..ir import symbols
 from ..pipeline import CompiledGraph, compile_graph
+from ..specializing import SymbolicGraph
+from ..notices import OpweaveFallbackWarning
 from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
 from .importer import DeclaredInput, Lowering, declared_inputs, decode_initializers, value_inputs
@@ -45,8 +50,10 @@ class OnnxModel:
     """Call with arrays (numpy or torch), positionally or by input name; returns the outputs
     as a list, numpy arrays for numpy inputs and tensors for tensors.
 
-    Symbolic dims (`dim_param`) are bound from the inputs of each call; each distinct set
-    of shapes is lowered and compiled once.
+    Symbolic dims (`dim_param`) are bound from the inputs of each call. The model is
+    lowered to the IR once, with those dims as symbols (`ir.symbols`), and specialized to
+    each distinct binding (a plan each, `specializing.SymbolicGraph`); a model whose
+    lowering needs concrete sizes is lowered per distinct set of shapes instead.
     """
 
     def __init__(self, source, name: str | None = None, rewrite=None, fusion=None,
@@ -63,6 +70,8 @@ class OnnxModel:
         self._cache: OrderedDict[tuple, _Specialization] = OrderedDict()  # LRU
         self._initializers: dict[str, torch.Tensor] | None = None
         self.value_inputs = value_inputs(self.model.graph)
+        self.lowerings = 0  # ONNX graph -> IR lowerings so far (one for a symbolic model)
+        self._symbolic: SymbolicGraph | bool | None = None  # None: not tried yet
 
     # -- shapes --------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -126,17 +135,45 @@ class OnnxModel:
         if key in self._cache:
             self._cache.move_to_end(key)
             return self._cache[key]
-        if self._initializers is None:
-            self._initializers = decode_initializers(self.model)
-        lowering = Lowering(self.model, self.opset, name=self.model.graph.name or "onnx",
-                            initializers=self._initializers)
-        compiled = compile_graph(lowering.lower(types, values), self.options)
+        family = self._family() if not values else None
+        if family is not None:
+            compiled = family.compiled_for([types[n].shape for n in self.input_names])
+        else:
+            compiled = compile_graph(self._lowering().lower(types, values), self.options)
+            self.lowerings += 1
         runtime = [n for n in self.input_names if n not in values]
         self._cache[key] = _Specialization(compiled, runtime,
                                            _storages(compiled.graph.constants.values()))
         while len(self._cache) > MAX_SPECIALIZATIONS:
             self._cache.popitem(last=False)
         return self._cache[key]
+
+    def _lowering(self) -> Lowering:
+        if self._initializers is None:
+            self._initializers = decode_initializers(self.model)
+        return Lowering(self.model, self.opset, name=self.model.graph.name or "onnx",
+                        initializers=self._initializers)
+
+    def _family(self) -> SymbolicGraph | None:
+        """The model lowered once with its symbolic dims (`dim_param`s, and a symbol of
+        its own for each unnamed dim) as IR symbols, or None where it has none or where
+        its lowering needs concrete sizes; each such model is lowered per shape instead,
+        with one warning saying why."""
+        if self._symbolic is None:
+            self._symbolic = False
+            types = symbolic_input_types(self.inputs)
+            if types is not None:
+                try:
+                    graph = self._lowering().lower(types)
+                except Exception as err:  # lowered per shape instead; real errors recur there
+                    warnings.warn(f"{self.label}: opweave lowers this ONNX model once per "
+                                  f"input shape (its symbolic dims need concrete sizes: "
+                                  f"{type(err).__name__}: {str(err).splitlines()[0][:200]})",
+                                  OpweaveFallbackWarning, stacklevel=5)
+                else:
+                    self.lowerings += 1
+                    self._symbolic = SymbolicGraph(graph, self.options)
+        return self._symbolic or None
 
     def graph(self, dims: dict[str, int] | None = None,
               values: dict | None = None) -> Graph:
@@ -188,6 +225,33 @@ class OnnxModel:
         if missing:
             raise OnnxError(f"{self.label}: missing input(s) {', '.join(missing)}")
         return arrays
+
+
+def symbolic_input_types(inputs: list[DeclaredInput]) -> dict[str, TensorType] | None:
+    """The inputs' types with a symbol for each `dim_param` (one per name, so equal names
+    share it) and one for each unnamed dim; None when every dim is a number (or a rank is
+    not declared)."""
+    if any(d.dims is None for d in inputs):
+        return None
+    names: dict[str, str] = {}
+
+    def name_for(param: str) -> str:
+        if param not in names:
+            base = re.sub(r"\W", "_", param)
+            base = base if base[:1].isalpha() else f"d_{base}"
+            names[param] = base if base not in names.values() else f"{base}_{len(names)}"
+        return names[param]
+
+    types = {}
+    for i, declared in enumerate(inputs):
+        shape = []
+        for axis, d in enumerate(declared.dims):
+            if isinstance(d, int) and d > 0:
+                shape.append(d)
+            else:
+                shape.append(symbols.symbol(name_for(d if isinstance(d, str) else f"{declared.name}_dim{axis}")))
+        types[declared.name] = TensorType(tuple(shape), declared.dtype)
+    return types if names else None
 
 
 def from_onnx(source, name: str | None = None, rewrite=None, fusion=None,
