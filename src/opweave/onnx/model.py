@@ -72,6 +72,7 @@ class OnnxModel:
         self.value_inputs = value_inputs(self.model.graph)
         self.lowerings = 0  # ONNX graph -> IR lowerings so far (one for a symbolic model)
         self._symbolic: SymbolicGraph | bool | None = None  # None: not tried yet
+        self._symbolic_failure = ""  # why not, said once the per-shape lowering works
 
     # -- shapes --------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -141,6 +142,11 @@ class OnnxModel:
         else:
             compiled = compile_graph(self._lowering().lower(types, values), self.options)
             self.lowerings += 1
+            if self._symbolic_failure:
+                warnings.warn(f"{self.label}: opweave lowers this ONNX model once per input "
+                              f"shape (its symbolic dims need concrete sizes: "
+                              f"{self._symbolic_failure})", OpweaveFallbackWarning, stacklevel=4)
+                self._symbolic_failure = ""
         runtime = [n for n in self.input_names if n not in values]
         self._cache[key] = _Specialization(compiled, runtime,
                                            _storages(compiled.graph.constants.values()))
@@ -165,11 +171,10 @@ class OnnxModel:
             if types is not None:
                 try:
                     graph = self._lowering().lower(types)
-                except Exception as err:  # lowered per shape instead; real errors recur there
-                    warnings.warn(f"{self.label}: opweave lowers this ONNX model once per "
-                                  f"input shape (its symbolic dims need concrete sizes: "
-                                  f"{type(err).__name__}: {str(err).splitlines()[0][:200]})",
-                                  OpweaveFallbackWarning, stacklevel=5)
+                except Exception as err:  # lowered per shape instead: a malformed model
+                    # fails there too, with its own error and no word about symbols
+                    self._symbolic_failure = f"{type(err).__name__}: " \
+                                             f"{str(err).splitlines()[0][:200]}"
                 else:
                     self.lowerings += 1
                     self._symbolic = SymbolicGraph(graph, self.options)
