@@ -32,10 +32,6 @@ class SizeResult:
     max_abs_diff: dict[str, float] = field(default_factory=dict)
 
 
-def _dynamo_reset():
-    torch._dynamo.reset()
-
-
 def measure(sizes: list[tuple[int, int]], *, model_name: str = "bert-base", runs: int = 5,
             warmup: int = 1, small: bool = False, progress=print) -> list[SizeResult]:
     import opweave
@@ -43,7 +39,7 @@ def measure(sizes: list[tuple[int, int]], *, model_name: str = "bert-base", runs
     torch.manual_seed(0)
     model = models.build(model_name, small=small).module.eval()
     vocab = 1000
-    _dynamo_reset()
+    torch._dynamo.reset()
     dynamic = {"opweave-dynamic": torch.compile(model, backend="opweave", dynamic=True),
                "inductor-dynamic": torch.compile(model, backend="inductor", dynamic=True)}
     results = []

@@ -12,6 +12,7 @@ constant, so a rule may treat a symbol as "not 1" when it broadcasts.
 from __future__ import annotations
 
 import math
+import re
 from typing import Iterable, Mapping, Union
 
 import sympy
@@ -91,8 +92,6 @@ def parse(text: str) -> Dim:
 
 
 def _names(text: str) -> set[str]:
-    import re
-
     return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
 
 
