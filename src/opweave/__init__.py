@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
             loss_every=1, example_kwargs=None, options=None, memory_budget=None,
-            precision=None):
+            precision=None, dynamic_shapes=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -31,6 +31,10 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     `precision`: None (as in `options`), "fp32", or "bf16": matrix products, convolutions
     and attention on bfloat16 operands with float32 accumulation, everything else in
     float32 (inference only; see docs/precision.md).
+    `dynamic_shapes`: torch.export's `dynamic_shapes` (`{axis: torch.export.Dim(...)}`
+    per input): those dims are captured as symbols and one compile serves every size in
+    their ranges, with a plan built per size on first use (see docs/dynamic.md); a call
+    outside them compiles a static program, with one warning. Inference only.
     `options`: an `opweave.Options` with every compiler option (default: read from the
     OPWEAVE_* environment variables; see `opweave.options`).
     `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
@@ -49,7 +53,8 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
 
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
-                    options=options, memory_budget=memory_budget, precision=precision)
+                    options=options, memory_budget=memory_budget, precision=precision,
+                    dynamic_shapes=dynamic_shapes)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,

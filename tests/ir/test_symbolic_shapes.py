@@ -156,3 +156,28 @@ def test_dimension_text_parses_back_and_rejects_non_integers():
     assert symbols.dim(sympy.Integer(5)) == 5 and isinstance(symbols.dim(sympy.Integer(5)), int)
     with pytest.raises(symbols.SymbolError):
         symbols.parse("s0 +")
+
+
+@pytest.mark.parametrize("start, step", [(0, 1), (3, 2), (1, 3)])
+def test_arange_to_a_symbol_has_the_length_torch_gives(start, step):
+    """`arange(start, s0 + 5, step)`: a length over symbols that specializes (text and JSON
+    forms included) to exactly torch's arange at every size."""
+    import torch
+
+    from opweave.ir import Graph, parse_graph, print_graph, verify
+    from opweave.ir.serialize import from_json, to_json
+    from opweave.ir.specialize import specialize
+    from opweave.runtime import Executor
+
+    s0 = symbols.symbol("s0")
+    g = Graph("positions")
+    x = g.add_input("x", TensorType((s0,), torch.int64))
+    r = g.add1("arange", [], {"start": start, "end": s0 + 5, "step": step, "dtype": torch.int64})
+    g.outputs = [g.add1("add", [r, r])]
+    verify(g)
+    text = print_graph(g)
+    assert print_graph(verify(parse_graph(text, g.constants))) == text
+    assert print_graph(verify(from_json(to_json(g), g.constants))) == text
+    for n in (1, 2, 7, 10):
+        (out,) = Executor(specialize(g, {"s0": n}))(torch.zeros(n, dtype=torch.int64))
+        torch.testing.assert_close(out, 2 * torch.arange(start, n + 5, step))

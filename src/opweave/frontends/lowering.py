@@ -117,7 +117,10 @@ class LoweringContext:
             raise Unsupported("symbolic scalars are not supported yet")
         if dtype is None:
             if like is not None:
-                dtype = torch.result_type(torch.empty(like.type.shape, dtype=like.type.dtype,
+                # promotion against a Python number depends on the dtype and on whether
+                # the tensor has dimensions, never on their sizes (which may be symbols)
+                shape = (1,) * min(len(like.type.shape), 1)
+                dtype = torch.result_type(torch.empty(shape, dtype=like.type.dtype,
                                                       device="meta"), number)
             else:
                 dtype = torch.tensor(number).dtype

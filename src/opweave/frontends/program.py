@@ -76,6 +76,17 @@ def _size_nodes(graph: fx.Graph) -> list[fx.Node]:
     return found
 
 
+def _sizes_read(sizes: list[fx.Node], supported: set[fx.Node]) -> set[fx.Node]:
+    """The size nodes whose values an eager step or the output reads. Lowered nodes read
+    the symbols the call binds instead, so the others need not run."""
+    read: set[fx.Node] = set()
+    for node in reversed(sizes):
+        if any(user in read or (user not in supported and user not in sizes)
+               for user in node.users):
+            read.add(node)
+    return read
+
+
 def _trial_lower(node: fx.Node, constants) -> tuple[Any, str]:
     """Lower one node into a scratch graph; return (its values, '') or (None, reason)."""
     rule = TABLE.get(node.target)
@@ -149,8 +160,11 @@ class CompiledProgram:
         self._symbol_sources = _symbol_sources(self.placeholders)
         supported, reasons = self._classify(graph, set(sizes))
         order = _cluster_order(graph, supported, self.constants, sizes)
+        unread = set(sizes) - _sizes_read(sizes, supported)
         self.steps: list[_Segment | fx.Node] = []
         for node in order:
+            if node in unread:
+                continue
             if node in supported:
                 if not self.steps or not isinstance(self.steps[-1], _Segment):
                     self.steps.append(_Segment([]))

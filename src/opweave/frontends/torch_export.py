@@ -11,7 +11,11 @@ A compiled model computes what the eager model computes on the same call:
 - a call whose Python values or argument structure differ from the example's gets a
   program compiled for it (torch.export bakes such values in), up to MAX_SPECIALIZATIONS,
   least recently used dropped;
-- tensors must keep the example's shapes and dtypes (a clear error otherwise);
+- tensors must keep the example's shapes and dtypes (a clear error otherwise), except
+  along the dims given as `torch.export.Dim`s in `dynamic_shapes`: those are captured as
+  symbols, one program serves every size in their ranges (a plan per size, see
+  `specializing`), and a call outside them gets a static program of its own, with one
+  warning (`dynamic_inputs`);
 - the output has the eager output's structure (tensor, tuple, dict, dataclass, ...);
 - transformers' caches (`use_cache=True`, the default of decoder models) are captured as
   their tensors and returned as real cache objects; a cache passed in is updated in place,
@@ -31,12 +35,15 @@ from typing import Hashable, Sequence
 import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
+from torch._dynamo.exc import UserError, UserErrorType
 
+from ..ir.symbols import SymbolError
 from ..options import Options
 from . import caches
 from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, is_flat,
                       tensor_leaves, tensor_types)
 from .decompositions import decomposition_table
+from .dynamic_inputs import DynamicInputTypes, export_ranges
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
 from .weights import WeightsChangedWarning, WeightWatch
 
@@ -59,14 +66,16 @@ class _Specialization:
     types: list | None = None        # the tensors' (shape, dtype, device, layout)
     watch: WeightWatch | None = None
     spelling: Spelling | None = None  # how the call it was compiled for spelled its arguments
+    dynamic: DynamicInputTypes | None = None  # the sizes a program with symbols takes
 
 
 class CompiledModel:
     """A model compiled by opweave; call it like the original module."""
 
     def __init__(self, model: torch.nn.Module, example_args: Sequence, example_kwargs=None, *,
-                 name: str, options: Options | None = None):
+                 name: str, options: Options | None = None, dynamic_shapes=None):
         self.model = model
+        self.dynamic_shapes = dynamic_shapes
         self.name = name
         self._options = Options.resolve(options)
         caches.register()  # transformers' caches: outputs and inputs torch.export can flatten
@@ -125,9 +134,40 @@ class CompiledModel:
         if entry.program is None:
             return self.model(*args, **kwargs)
         tensors = entry.spelling.tensors(canonical)
-        check_tensor_types(self.name, entry.types, tensors)
-        outputs = pytree.tree_unflatten(list(entry.program(*tensors)), entry.out_spec)
+        flat = self._run_dynamic(entry, tensors) if entry.dynamic is not None else None
+        if flat is None:
+            if entry.dynamic is not None:  # sizes it does not take: a static program
+                entry = self._current = self._static(key, tensors, args, kwargs)
+                if entry.program is None:
+                    return self.model(*args, **kwargs)
+            check_tensor_types(self.name, entry.types, tensors)
+            flat = entry.program(*tensors)
+        outputs = pytree.tree_unflatten(list(flat), entry.out_spec)
         return outputs if lengths is None else caches.carry_into_inputs(canonical, outputs)
+
+    def _run_dynamic(self, entry: _Specialization, tensors: list) -> list | None:
+        """The program with symbols run on the call, or None (with one warning) when the
+        call's sizes do not fit it."""
+        why = entry.dynamic.misfit(self.name, tensors)
+        if not why:
+            try:
+                return entry.program(*tensors)
+            except SymbolError as err:  # sizes the symbolic graph does not hold for
+                why = str(err)
+        if "sizes outside dynamic_shapes" not in self._warned:  # one warning, the first why
+            self._warned.add("sizes outside dynamic_shapes")
+            warnings.warn(f"{self.name} was called with sizes its dynamic program does not "
+                          f"take ({why}); opweave compiles a static program for each such "
+                          f"size", OpweaveFallbackWarning, stacklevel=3)
+        return None
+
+    def _static(self, key, tensors: list, args: tuple, kwargs: dict) -> _Specialization:
+        static_key = (key, tuple(tuple(t.shape) for t in tensors))
+        entry = self._cache.get(static_key)
+        if entry is None or (entry.watch is not None and entry.watch.changed()):
+            return self._specialize(static_key, args, kwargs, dynamic_shapes=None)
+        self._cache.move_to_end(static_key)
+        return entry
 
     def _new_cache_length(self, key) -> bool:
         """Whether this call passes a cache of a length beyond those compiled for its call
@@ -142,14 +182,17 @@ class CompiledModel:
                         f"step of a decode loop) run in eager PyTorch", OpweaveFallbackWarning)
         return True
 
-    def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3) -> _Specialization:
+    def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3,
+                    dynamic_shapes="model's") -> _Specialization:
         if key is None:
             self._warn_once(f"{self.name} was called with a value opweave cannot compare "
                             f"(not hashable); such calls run in eager PyTorch",
                             OpweaveFallbackWarning)
             return _Specialization(None, "eager", capture_error="an unhashable argument")
+        if dynamic_shapes == "model's":
+            dynamic_shapes = self.dynamic_shapes
         entry = _compile(self.model, args, kwargs, self.name, stacklevel=stacklevel + 1,
-                         options=self._options)
+                         options=self._options, dynamic_shapes=dynamic_shapes)
         entry.spelling = self._binder.spelling(args, kwargs)
         self._cache[key] = entry
         self._cache.move_to_end(key)
@@ -175,11 +218,20 @@ def _key(canonical: dict) -> tuple:
 
 
 def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
-             stacklevel: int) -> _Specialization:
+             stacklevel: int, dynamic_shapes=None) -> _Specialization:
     errors = []
-    for capture, fn in (("export", _capture_export), ("make_fx", _capture_make_fx)):
+    ranges: dict = {}
+
+    def export(model, args, kwargs):
+        gm, constants, out_spec, found = _capture_export(model, args, kwargs, dynamic_shapes)
+        ranges.update(found)
+        return gm, constants, out_spec
+
+    for capture, fn in (("export", export), ("make_fx", _capture_make_fx)):
         try:
             gm, constants, out_spec = fn(model, args, kwargs)
+        except DynamicShapesError:
+            raise
         except Exception as err:  # capture failures are reported, never fatal
             errors.append(f"{capture}: {type(err).__name__}: {str(err).splitlines()[0][:200]}")
             if isinstance(err, _StateMutation):
@@ -191,15 +243,40 @@ def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
             warnings.warn(f"opweave captured {name} with {capture} after " + "; ".join(errors),
                           OpweaveFallbackWarning, stacklevel=stacklevel)
         tensors = tensor_leaves(flatten(args, kwargs)[0])
+        # asked for dynamic dims, calls are checked against the captured sizes: those
+        # that do not fit get static programs (none fit when only make_fx captured)
+        dynamic = None
+        if dynamic_shapes is not None:
+            dynamic = DynamicInputTypes(program.placeholders, ranges)
+            if not dynamic.symbolic:
+                warnings.warn(f"opweave compiled {name} for the example's sizes only: no dim "
+                              f"of dynamic_shapes stayed dynamic in the capture "
+                              f"({capture}); calls of other sizes each compile a program",
+                              OpweaveFallbackWarning, stacklevel=stacklevel)
         return _Specialization(program, capture, out_spec, "; ".join(errors),
-                               tensor_types(tensors), WeightWatch(model, program.constants.values()))
+                               tensor_types(tensors), WeightWatch(model, program.constants.values()),
+                               dynamic=dynamic)
     message = f"opweave could not capture {name}; it runs in eager PyTorch ({'; '.join(errors)})"
     warnings.warn(message, OpweaveFallbackWarning, stacklevel=stacklevel)
     return _Specialization(None, "eager", capture_error="; ".join(errors))
 
 
-def _capture_export(model, args: tuple, kwargs: dict):
-    exported = torch.export.export(model, args, kwargs)
+class DynamicShapesError(ValueError):
+    """`dynamic_shapes` that torch.export refuses: a malformed spec, or a dim marked
+    dynamic that the model fixes (torch's message suggests the fix)."""
+
+
+def _capture_export(model, args: tuple, kwargs: dict, dynamic_shapes=None):
+    """(graph module, constants, output spec, symbol ranges): the ranges are empty unless
+    `dynamic_shapes` made some input dims symbols."""
+    try:
+        exported = torch.export.export(model, args, kwargs, dynamic_shapes=dynamic_shapes)
+    except UserError as err:
+        if dynamic_shapes is not None and err.error_type in (
+                UserErrorType.CONSTRAINT_VIOLATION, UserErrorType.INVALID_INPUT):
+            raise DynamicShapesError(f"torch.export refused the dynamic_shapes given for "
+                                     f"{type(model).__name__}: {err}") from None
+        raise
     exported = exported.run_decompositions(decomposition_table())
     gm = exported.graph_module
     sig = exported.graph_signature
@@ -225,7 +302,8 @@ def _capture_export(model, args: tuple, kwargs: dict):
             gm.graph.erase_node(node)
     _drop_metadata_asserts(gm.graph)
     gm.recompile()
-    return gm, constants, exported.call_spec.out_spec
+    ranges = export_ranges(exported) if dynamic_shapes is not None else {}
+    return gm, constants, exported.call_spec.out_spec, ranges
 
 
 def _drop_metadata_asserts(graph: fx.Graph) -> None:
@@ -294,11 +372,14 @@ def _written_constants(gm: fx.GraphModule) -> list[str]:
 def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | None = None,
             rewrite=None, fusion=None, train: bool = False, loss_every: int | None = 1,
             example_kwargs: dict | None = None, options: Options | None = None,
-            memory_budget: int | float | None = None, precision: str | None = None):
+            memory_budget: int | float | None = None, precision: str | None = None,
+            dynamic_shapes=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`. `options`: an `opweave.Options` (default: from the environment);
-    `rewrite`, `fusion`, `memory_budget` and `precision` override its fields. With
-    `train=True`, `model(*inputs)` must return a scalar loss; see `training`."""
+    `rewrite`, `fusion`, `memory_budget` and `precision` override its fields.
+    `dynamic_shapes`: as torch.export's, the input dims (`torch.export.Dim`) one program
+    serves at every size. With `train=True`, `model(*inputs)` must return a scalar loss;
+    see `training`."""
     name = name or type(model).__name__
     if train and precision not in (None, "fp32"):
         raise ValueError(f"precision={precision!r} applies to inference; a training step "
@@ -310,7 +391,10 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
 
         if example_kwargs:
             raise TypeError("train=True takes its inputs as example_inputs only")
+        if dynamic_shapes is not None:
+            raise ValueError("dynamic_shapes applies to inference; a training step is "
+                             "compiled for the example's shapes (dynamic training is not built)")
         return TrainingModel(model, example_inputs, name=name, options=options,
                              loss_every=loss_every)
     return CompiledModel(model, tuple(example_inputs), example_kwargs, name=name,
-                         options=options)
+                         options=options, dynamic_shapes=dynamic_shapes)

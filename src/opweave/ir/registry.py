@@ -62,7 +62,7 @@ class Attr:
     def check(self, value) -> bool:
         if self.kind not in ("bool", "scalar") and isinstance(value, bool):
             return False
-        if self.kind in ("int", "optional_int") and symbols.is_symbolic(value):
+        if self.kind in ("int", "optional_int", "scalar") and symbols.is_symbolic(value):
             return True  # a size known only when the graph is called
         if not isinstance(value, ATTR_KINDS[self.kind]):
             return False

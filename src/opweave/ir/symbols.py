@@ -92,7 +92,8 @@ def parse(text: str) -> Dim:
 
 
 def _names(text: str) -> set[str]:
-    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
+    """The symbol names in a dimension's text (not functions: `ceiling(s0/2)`)."""
+    return set(re.findall(r"\b([A-Za-z_][A-Za-z0-9_]*)\b(?!\s*\()", text))
 
 
 def substitute(value, binding: Mapping[str, int]):

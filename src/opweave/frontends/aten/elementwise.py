@@ -5,6 +5,7 @@ import operator
 
 import torch
 
+from ...ir import symbols
 from ..lowering import Unsupported, lowers
 from .common import _shape, aten
 
@@ -224,6 +225,7 @@ def _zeros_ones_like(ctx, x, dtype=None, layout=None, device=None, pin_memory=No
 def _arange(ctx, *args, dtype=None, layout=None, device=None, pin_memory=None):
     start, end, step = (0, args[0], 1) if len(args) == 1 else (*args, 1)[:3]
     if dtype is None:
-        dtype = torch.int64 if all(isinstance(a, int) for a in (start, end, step)) \
+        dtype = torch.int64 if all(isinstance(a, int) or symbols.is_symbolic(a)
+                                   for a in (start, end, step)) \
             else torch.get_default_dtype()
     return ctx.add1("arange", [], {"start": start, "end": end, "step": step, "dtype": dtype})

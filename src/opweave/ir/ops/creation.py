@@ -1,8 +1,10 @@
 """Ops with no tensor inputs: graph constants, filled tensors and ranges."""
 from __future__ import annotations
 
+import sympy
 import torch
 
+from .. import symbols
 from ._common import Attr, MappingType, ShapeError, define
 
 
@@ -37,6 +39,8 @@ def _arange_shape(ins, attrs):
         # and step to the dtype first (a step of 0.5 becomes 0): no two agree
         raise ShapeError(f"arange: fractional bounds or step ({start}, {end}, {step}) with "
                          f"integer dtype {attrs['dtype']}")
+    if symbols.free_symbols((start, end, step)):  # a length known when the graph is called
+        return [(sympy.ceiling((sympy.sympify(end) - start) / sympy.sympify(step)),)]
     return [(len(torch.arange(start, end, step, device="meta")),)]
 
 
