@@ -7,12 +7,12 @@ import warnings
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper, numpy_helper
 
 import opweave
 from opweave.notices import OpweaveFallbackWarning
 
-from .helpers import mlp, mlp_reference
+from .helpers import WEIGHT, mlp, mlp_reference
 
 
 def test_symbolic_batch_is_lowered_once():
@@ -36,15 +36,84 @@ def test_unnamed_dims_get_symbols_of_their_own():
 
 
 def test_a_model_needing_concrete_sizes_is_lowered_per_shape_with_one_warning():
-    # Reshape(X, Shape(X)): the shape is a tensor computed from the symbolic batch
-    nodes = [helper.make_node("Shape", ["X"], ["S"], name="shape"),
-             helper.make_node("Reshape", ["X", "S"], ["X2"], name="reshape"),
+    # X / Size(X): a size over the symbolic batch used as data, not as a shape
+    nodes = [helper.make_node("Size", ["X"], ["N"], name="size"),
+             helper.make_node("Cast", ["N"], ["F"], name="cast", to=TensorProto.FLOAT),
+             helper.make_node("Div", ["X", "F"], ["X2"], name="div"),
              helper.make_node("MatMul", ["X2", "W"], ["H"], name="matmul"),
              helper.make_node("Relu", ["H"], ["Y"], name="relu")]
     model = opweave.from_onnx(mlp(nodes=nodes).SerializeToString())
     with pytest.warns(OpweaveFallbackWarning, match="once per input shape") as record:
         for batch in (2, 3, 2):
             x = np.ones((batch, 4), np.float32)
-            np.testing.assert_allclose(model(x)[0], mlp_reference(x), rtol=1e-5)
+            np.testing.assert_allclose(model(x)[0], mlp_reference(x / x.size), rtol=1e-5)
     assert len([w for w in record if "once per input shape" in str(w.message)]) == 1
     assert model.lowerings == 2
+
+
+def _ints(name, values):
+    return numpy_helper.from_array(np.array(values, dtype=np.int64), name)
+
+
+def test_shape_arithmetic_over_symbols_is_lowered_once():
+    """Shape -> Gather -> Concat -> Reshape (with a -1), Mul and Range over the symbolic
+    batch: computed at import time as sizes over the symbol, so the model is lowered once."""
+    nodes = [helper.make_node("Shape", ["X"], ["S"]),
+             helper.make_node("Gather", ["S", "zero"], ["B"], axis=0),            # [batch]
+             helper.make_node("Concat", ["B", "two_two"], ["T"], axis=0),         # [batch, 2, 2]
+             helper.make_node("Reshape", ["X", "T"], ["X3"]),
+             helper.make_node("Mul", ["B", "two"], ["B2"]),                       # [2 * batch]
+             helper.make_node("Concat", ["B2", "two"], ["T2"], axis=0),           # [2 * batch, 2]
+             helper.make_node("Reshape", ["X3", "T2"], ["X2"]),
+             helper.make_node("Concat", ["B", "minus_one"], ["T3"], axis=0),      # [batch, -1]
+             helper.make_node("Reshape", ["X2", "T3"], ["X4"]),
+             helper.make_node("MatMul", ["X4", "W"], ["H"]),
+             helper.make_node("Relu", ["H"], ["R"]),
+             helper.make_node("Squeeze", ["B"], ["n"]),
+             helper.make_node("Range", ["zero_scalar", "n", "one_scalar"], ["P"]),  # 0..batch-1
+             helper.make_node("Cast", ["P"], ["PF"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["PF", "one"], ["PC"]),
+             helper.make_node("Add", ["R", "PC"], ["Y"])]
+    inits = [numpy_helper.from_array(WEIGHT, "W"), _ints("zero", [0]), _ints("two_two", [2, 2]),
+             _ints("two", [2]), _ints("minus_one", [-1]), _ints("one", [1]),
+             numpy_helper.from_array(np.array(0, np.int64), "zero_scalar"),
+             numpy_helper.from_array(np.array(1, np.int64), "one_scalar")]
+    model = opweave.from_onnx(mlp(nodes=nodes, initializers=inits).SerializeToString())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        for batch in (2, 5, 1, 2):
+            x = np.random.default_rng(batch).standard_normal((batch, 4), dtype=np.float32)
+            want = mlp_reference(x) + np.arange(batch, dtype=np.float32)[:, None]
+            np.testing.assert_allclose(model(x)[0], want, rtol=1e-5, atol=1e-6)
+    assert model.lowerings == 1
+    assert model._family().compiles == 3
+
+
+def test_exported_bert_with_dynamic_batch_and_sequence_is_lowered_once(tmp_path):
+    """torch.onnx.export writes BERT's attention reshapes as Shape -> Concat -> Reshape
+    over the dynamic dims: they become symbolic attributes, one lowering for all sizes."""
+    import torch
+    from torch.export import Dim
+
+    from opweave.models import build
+
+    torch.manual_seed(0)
+    module = build("bert-base", small=True).module.eval()
+    ids = torch.randint(0, 1000, (2, 8))
+    path = tmp_path / "bert.onnx"
+    with torch.no_grad():
+        torch.onnx.export(module, (ids,), dynamo=True, optimize=True, verbose=False,
+                          dynamic_shapes=({0: Dim("batch", max=16), 1: Dim("seq", max=64)},)
+                          ).save(str(path))
+    model = opweave.from_onnx(str(path))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        for batch, seq in [(2, 8), (3, 16), (1, 64), (2, 8)]:
+            ids = torch.randint(0, 1000, (batch, seq))
+            got = model(ids.numpy())
+            with torch.no_grad():
+                want = module(ids)
+            for g, w in zip(got, (want[0], want[1])):
+                np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-4)
+    assert model.lowerings == 1
+    assert model._family().compiles == 3

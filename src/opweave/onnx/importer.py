@@ -4,6 +4,13 @@ Nodes may come in any order (they are sorted, and a cycle is named). Values know
 time (initializers, Constant nodes, shapes, and whatever is computed only from those) are
 folded as they are built, so shape computations (Shape -> Gather -> Concat -> Reshape)
 become the constant attributes the IR needs.
+
+With symbolic input dims (`dim_param`s), a Shape gives sizes over symbols: such a value is
+kept at import time as an array of dimensions (`Lowering.symbolic_value`), folded through
+the shape arithmetic after it (`symbolic_folds`), and read where a shape is needed (a
+Reshape's target, an Expand's shape, a Range's bound), so those become symbolic
+attributes. An op that reads it as data cannot be lowered symbolically (OnnxUnsupported;
+the model is then lowered per shape).
 """
 from __future__ import annotations
 
@@ -16,10 +23,11 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from ..ir import dtypes, registry
+from ..ir import dtypes, registry, symbols
 from ..ir.graph import Graph, Value
 from ..ir.types import TensorType
 from .errors import OnnxError, OnnxUnsupported, where
+from .symbolic_folds import fold_symbolic
 
 # ONNX element type -> torch dtype, for the types the IR has
 ONNX_TO_TORCH = {
@@ -192,6 +200,8 @@ class Lowering:
         self.graph = Graph(name)
         self.values: dict[str, Value] = {}
         self.node: onnx.NodeProto | None = None
+        # values known at import time as sizes over symbols (never tensors of the graph)
+        self.symbolic: dict[Value, np.ndarray] = {}
 
     # -- building, with folding ---------------------------------------------------------
     def constant(self, tensor: torch.Tensor, hint: str = "const") -> Value:
@@ -212,8 +222,32 @@ class Lowering:
                                   f"imported (a constant or computed from shapes)")
         return data
 
-    def ints(self, value: Value | None, what: str) -> list[int]:
+    def ints(self, value: Value | None, what: str) -> list:
+        """The integers of a value known at import time; sizes over symbols where it was
+        computed from symbolic dims."""
+        if value in self.symbolic:
+            return list(self.symbolic[value].reshape(-1))
         return [int(v) for v in self.require_const(value, what).reshape(-1).tolist()]
+
+    def symbolic_value(self, data: np.ndarray, hint: str = "shape") -> Value:
+        """An int64 value whose elements are dimensions (ints or expressions over
+        symbols): a constant when every one is an int, else known only here."""
+        data = np.vectorize(symbols.dim, otypes=[object])(data) if data.size else data
+        if not any(symbols.is_symbolic(d) for d in data.flat):
+            return self.constant(torch.tensor(data.astype(np.int64)), hint)
+        value = Value(f"{hint}_symbolic", TensorType(data.shape, torch.int64))
+        self.symbolic[value] = data
+        return value
+
+    def known(self, value: Value | None) -> np.ndarray | None:
+        """An integer value known at import time as an object array (of dimensions)."""
+        if value in self.symbolic:
+            return self.symbolic[value]
+        data = self.const_of(value)
+        if data is None or data.dtype.is_floating_point or data.dtype == torch.bool \
+                or data.numel() > FOLD_LIMIT:
+            return None
+        return np.array(data.tolist(), dtype=object).reshape(tuple(data.shape))
 
     def emit(self, op: str, inputs: list[Value], attrs: dict | None = None) -> list[Value]:
         """Add an IR node, or fold it when all its inputs are known and it is small."""
@@ -225,9 +259,17 @@ class Lowering:
             # a model whose shapes do not fit, or a handler bug: never "unsupported"
             raise OnnxError(f"{where(self.node)}: {op} does not accept "
                             f"{[str(v.type) for v in inputs]} with {attrs}: {error}") from None
+        if any(v in self.symbolic for v in inputs):
+            arrays = [self.known(v) for v in inputs]
+            folded = fold_symbolic(op, arrays, full) if all(a is not None for a in arrays) \
+                else None
+            if folded is None:
+                raise OnnxUnsupported(f"{where(self.node)}: {op} reads a shape computed from "
+                                      f"symbolic sizes as data")
+            return [self.symbolic_value(folded, op)]
         known = [self.const_of(v) for v in inputs]
         if (op != "constant" and not opdef.is_random and all(k is not None for k in known)
-                and all(t.numel <= FOLD_LIMIT for t in types)):
+                and all(t.is_static and t.numel <= FOLD_LIMIT for t in types)):
             outs = opdef.impl(*known, **full)
             outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
             return [self.constant(o.clone(), op) for o in outs]

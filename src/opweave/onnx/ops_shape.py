@@ -1,10 +1,14 @@
 """ONNX operators -> IR ops: shapes, constants and indexing (see `ops_math` for the
-handler conventions). Shape-like inputs must be known at import time (`Lowering.ints`)."""
+handler conventions). Shape-like inputs must be known at import time (`Lowering.ints`):
+as constants, or as sizes over the model's symbolic dims (`Lowering.symbolic_value`)."""
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
+
+from ..ir import symbols
 
 from .errors import where
 from .importer import handles
@@ -21,12 +25,12 @@ def _shape(low, node, ins, attrs):
     end = attrs.get("end", rank)
     start = min(max(start + rank if start < 0 else start, 0), rank)
     end = min(max(end + rank if end < 0 else end, 0), rank)
-    return [low.constant(torch.tensor(shape[start:end], dtype=torch.int64), "shape")]
+    return [low.symbolic_value(np.array(shape[start:end], dtype=object).reshape(-1), "shape")]
 
 
 @handles("Size")
 def _size(low, node, ins, attrs):
-    return [low.constant(torch.tensor(ins[0].type.numel, dtype=torch.int64), "size")]
+    return [low.symbolic_value(np.array(ins[0].type.numel, dtype=object), "size")]
 
 
 @handles("Constant")
@@ -55,6 +59,14 @@ def _constant_of_shape(low, node, ins, attrs):
 
 @handles("Range")
 def _range(low, node, ins, attrs):
+    if any(v in low.symbolic for v in ins):  # a bound over symbols: an arange node
+        if ins[0].type.dtype not in (torch.int64, torch.int32):
+            refuse(low, f"a symbolic Range of {ins[0].type.dtype}")
+        start, limit, delta = (low.ints(v, "Range bounds")[0] for v in ins)
+        if delta == 0:
+            refuse(low, "delta of zero")
+        return [low.emit1("arange", [], {"start": start, "end": limit, "step": delta,
+                                         "dtype": ins[0].type.dtype})]
     start, limit, delta = (low.require_const(v, "Range bounds") for v in ins)
     if delta.item() == 0:
         refuse(low, "delta of zero")
@@ -74,7 +86,7 @@ def _reshape(low, node, ins, attrs):
     if shape.count(-1) > 1:
         refuse(low, f"target shape {target} has several -1")
     if -1 in shape:
-        known = math.prod(d for d in shape if d != -1)
+        known = symbols.product(d for d in shape if d != -1)
         if known == 0:
             refuse(low, f"cannot infer -1 in {target} with a zero-size dim")
         shape[shape.index(-1)] = x.type.numel // known
@@ -179,10 +191,13 @@ def _slice(low, node, ins, attrs):
     axes = low.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
     steps = low.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        if step <= 0:
-            refuse(low, "negative or zero steps")
+        if symbols.is_symbolic(step) or step <= 0:
+            refuse(low, "negative, zero or symbolic steps")
         dim = axis_of(low, axis, rank)
         size = x.type.shape[dim]
+        if symbols.free_symbols([start, end, size]):  # the IR's rule clamps what it can
+            x = low.emit1("slice", [x], {"dim": dim, "start": start, "end": end, "step": step})
+            continue
         start = min(max(start + size if start < 0 else start, 0), size)
         end = min(max(end + size if end < 0 else end, 0), size)
         end = max(end, start)
@@ -197,6 +212,10 @@ def _normalized_indices(low, indices, size: int):
     if indices.type.dtype != torch.int64:
         indices = low.emit1("cast", [indices], {"dtype": torch.int64})
     known = low.const_of(indices)
+    if known is not None and symbols.is_symbolic(size):
+        if known.numel() and known.min() < 0:  # counted from an end known only per call
+            refuse(low, f"negative indices into a dim of symbolic size {size}")
+        return indices  # past the end, the kernel raises (torch checks its indices)
     if known is not None:
         if known.numel() and (known.min() < -size or known.max() >= size):
             refuse(low, f"an index is out of range for a dim of size {size}")
