@@ -6,6 +6,9 @@ symbols a call brings (`ir.specialize`), and each plan is kept for the next call
 the same sizes, least recently used dropped beyond MAX_SPECIALIZATIONS. Specializing
 rebuilds every node on the real sizes and checks it against the symbolic type, so a
 binding the symbolic graph does not hold for raises SymbolError, never runs a wrong plan.
+The plans share the constants compiling derives from the weights (folded, transposed,
+packed: `shared_constants`), so each new size costs its kernels and buffers, not
+another copy of the weights.
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from .ir import Graph
 from .ir.specialize import binding_of, graph_symbols, specialize
 from .options import Options
 from .pipeline import CompiledGraph, compile_graph
+from . import shared_constants
 
 # Plans kept per symbolic graph: BERT served at 8 sequence lengths and 4 batch sizes is 32.
 MAX_SPECIALIZATIONS = 32
@@ -33,6 +37,7 @@ class SymbolicGraph:
         self.latest: CompiledGraph | None = None
         self._plans: OrderedDict[tuple, CompiledGraph] = OrderedDict()
         self._by_call: dict[tuple, tuple[tuple, CompiledGraph]] = {}  # sizes -> (binding, plan)
+        self._sharing = shared_constants.new_scope()  # plans share packed/folded weights
 
     def compiled_for(self, shapes: Sequence[Sequence[int]],
                      given: Mapping[str, int] | None = None) -> CompiledGraph:
@@ -49,7 +54,8 @@ class SymbolicGraph:
         key = tuple(sorted(binding.items()))
         plan = self._plans.get(key)
         if plan is None:
-            plan = compile_graph(specialize(self.graph, binding), self.options)
+            with shared_constants.sharing(self._sharing):
+                plan = compile_graph(specialize(self.graph, binding), self.options)
             self.compiles += 1
             self._plans[key] = plan
             if len(self._plans) > MAX_SPECIALIZATIONS:

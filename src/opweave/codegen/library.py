@@ -23,6 +23,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
+from .. import shared_constants
 from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
@@ -86,6 +87,20 @@ def _weight(graph: Graph, v: Value, low: bool) -> torch.Tensor:
     return w.to(prec.LOW) if low else w
 
 
+def _packed(kind: str, graph: Graph, v: Value, low: bool, params: tuple, pack):
+    """`pack(weight)` for the constant `v`, shared by every plan that packs the same weight
+    the same way (a model compiled for many shapes packs it once)."""
+    return shared_constants.derived(kind, [constant_of(graph, v)], (low, *params),
+                                    lambda: pack(_weight(graph, v, low)))
+
+
+def _rows_hint(rows: int) -> int:
+    """The batch size oneDNN packs a linear weight for. Its layout differed only between
+    1 row and more (measured on Zen 4, 2 to 2048 rows: the same speed with any pack of 2
+    or more), so one pack serves every row count above 1."""
+    return 1 if rows == 1 else 64
+
+
 def _pointwise_conv(anchor: Node) -> bool:
     a = anchor.attrs
     w = anchor.inputs[1].type.shape
@@ -97,9 +112,10 @@ def _conv_as_linear(graph, anchor, ep, out_shape, low=False):
     """A 1x1 convolution over a channels-last image is a GEMM [H*W, C] x [C, O]: run it
     as a packed linear layer (measured 2-7% faster than oneDNN's convolution here)."""
     _, c, h, w = anchor.inputs[0].type.shape
-    weight = _weight(graph, anchor.inputs[1], low)
-    o = weight.shape[0]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.reshape(o, c).contiguous(), h * w)
+    o = anchor.inputs[1].type.shape[0]
+    packed = _packed("linear-pack", graph, anchor.inputs[1], low, (c, _rows_hint(h * w)),
+                     lambda weight: torch.ops.mkldnn._reorder_linear_weight(
+                         weight.reshape(o, c).contiguous(), _rows_hint(h * w)))
     bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.mkldnn._linear_pointwise
@@ -113,9 +129,10 @@ def _conv_as_linear(graph, anchor, ep, out_shape, low=False):
 
 def _linear(graph, anchor, ep, out_shape, low=False):
     m = anchor.inputs[0].type.shape[0]
-    weight = _weight(graph, anchor.inputs[1], low)            # [K, N]
-    n = weight.shape[1]
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight.t().contiguous(), m)
+    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
+    packed = _packed("linear-pack-t", graph, anchor.inputs[1], low, (_rows_hint(m),),
+                     lambda weight: torch.ops.mkldnn._reorder_linear_weight(
+                         weight.t().contiguous(), _rows_hint(m)))
     bias = None
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
@@ -132,17 +149,19 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
     already, so it is read in place where torch's conv1d would copy it."""
     a = anchor.attrs
-    weight = _weight(graph, anchor.inputs[1], low).contiguous()
     bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     size = list(anchor.inputs[0].type.shape)
     padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
     one_d = len(size) == 3
     if one_d:
-        weight = weight.unsqueeze(2)
         size = size[:2] + [1] + size[2:]
         padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
     geometry = (padding, stride, dilation, a["groups"])
-    packed = torch.ops.mkldnn._reorder_convolution_weight(weight, *geometry, size)
+    packed = _packed("conv-pack", graph, anchor.inputs[1], low,
+                     (one_d, *map(tuple, geometry[:3]), geometry[3], tuple(size)),
+                     lambda weight: torch.ops.mkldnn._reorder_convolution_weight(
+                         weight.contiguous().unsqueeze(2) if one_d else weight.contiguous(),
+                         *geometry, size))
     cl = torch.channels_last
 
     def to_2d(t):

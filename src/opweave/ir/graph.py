@@ -108,7 +108,9 @@ class Graph:
         while key in self.constants:
             i += 1
             key = f"{name}_{i}"
-        self.constants[key] = tensor.detach().contiguous()
+        if tensor.requires_grad or not tensor.is_contiguous():
+            tensor = tensor.detach().contiguous()
+        self.constants[key] = tensor  # the same object: plans share derived constants by it
         t = TensorType.of(tensor)
         return self.add1("constant", [], {"name": key, "shape": list(t.shape), "dtype": t.dtype},
                          name=name, source=source)

@@ -12,6 +12,7 @@ changes how a constant is stored, never a value.
 from __future__ import annotations
 
 from ..ir import Graph
+from .. import shared_constants
 
 
 def transpose_gemm_weights(graph: Graph) -> int:
@@ -35,7 +36,11 @@ def transpose_gemm_weights(graph: Graph) -> int:
             continue  # other readers want the plain layout
         if weight not in replacements:
             data = graph.constants[const.attrs["name"]]
-            stored = graph.add_constant(f"{const.attrs['name']}_t", data.t().contiguous(),
+            # shared with other plans: by its source, or (when the source is a folded
+            # weight each plan folds anew) by its bytes
+            transposed = shared_constants.intern(shared_constants.derived(
+                "transpose", [data], None, lambda: data.t().contiguous()))
+            stored = graph.add_constant(f"{const.attrs['name']}_t", transposed,
                                         source=const.source)
             view = graph.add1("permute", [stored], {"dims": [1, 0]}, source=const.source)
             replacements[weight] = view

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 import torch
 
 from ...ir import Graph, TensorType
+from ... import shared_constants
 
 Attrs = tuple[tuple[str, Any], ...]
 ClassType = Union[TensorType, tuple[TensorType, ...]]
@@ -100,7 +101,7 @@ class Store:
             assert type_ is not None, "a lazy constant needs its type"
             self._pending[name] = tensor
         else:
-            tensor = tensor.detach()
+            tensor = shared_constants.intern(tensor.detach())
             self.constants[name] = tensor
             type_ = TensorType.of(tensor)
         self.constant_types[name] = type_
@@ -114,8 +115,8 @@ class Store:
         """A constant's tensor, computed now if it was lazy."""
         tensor = self.constants.get(name)
         if tensor is None:
-            with torch.no_grad():
-                tensor = self._pending.pop(name)().detach()
+            with torch.no_grad():  # folded anew for each plan: plans share one copy
+                tensor = shared_constants.intern(self._pending.pop(name)().detach())
             if TensorType.of(tensor) != self.constant_types[name]:
                 raise AssertionError(f"constant {name} computed as {TensorType.of(tensor)}, "
                                      f"declared {self.constant_types[name]}")

@@ -1,0 +1,99 @@
+"""Constants derived from weights are shared between plans: interned by their exact bytes,
+derived (packed) once per source within a sharing scope, and never across a change."""
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import torch
+
+from opweave import shared_constants as shared
+
+
+def test_intern_shares_only_bit_identical_tensors():
+    a = torch.randn(64, 32)
+    assert shared.intern(a) is a
+    assert shared.intern(a.clone()) is a
+    other = a.clone()
+    other[17, 3] += 1e-6
+    assert shared.intern(other) is other
+    zeros, negative_zeros = torch.zeros(4096), -torch.zeros(4096)
+    assert shared.intern(zeros) is zeros
+    assert shared.intern(negative_zeros) is negative_zeros  # equal as floats, not as bits
+    assert shared.intern(a.to(torch.float64)) is not a
+    small = torch.ones(8)
+    assert shared.intern(small.clone()) is not shared.intern(small)  # not worth it
+    expanded = torch.ones(1).expand(4096)
+    assert shared.intern(expanded) is expanded
+
+
+def test_interned_entries_are_weak():
+    a = torch.arange(1000.0)
+    shared.intern(a)
+    del a
+    gc.collect()
+    b = torch.arange(1000.0)
+    assert shared.intern(b) is b
+
+
+def test_derived_is_computed_once_per_source_within_a_scope():
+    w = torch.randn(16, 8)
+    calls = []
+
+    def pack():
+        calls.append(1)
+        return w.t().contiguous()
+
+    assert len([shared.derived("t", [w], 1, pack) for _ in range(2)]) == 2
+    assert len(calls) == 2  # outside a scope nothing is shared
+    scope = shared.new_scope()
+    with shared.sharing(scope):
+        first = shared.derived("t", [w], 1, pack)
+        assert shared.derived("t", [w.detach()], 1, pack) is first  # another view, same bytes
+        assert len(calls) == 3
+        shared.derived("t", [w], 2, pack)               # other params
+        shared.derived("t", [w[1:]], 1, pack)           # another place in the storage
+        assert len(calls) == 5
+        w.add_(1)                                       # a new version of the source
+        assert shared.derived("t", [w], 1, pack) is not first
+        assert len(calls) == 6
+    with shared.sharing(shared.new_scope()):            # another family of plans
+        shared.derived("t", [w], 1, pack)
+    assert len(calls) == 7
+
+
+def test_a_dynamic_bert_packs_its_weights_once_for_every_size():
+    """The plans a symbolic graph compiles per size share the packed, folded and
+    transposed weights; a new size packs nothing."""
+    import opweave
+    from torch.export import Dim
+
+    from opweave.models import build
+
+    torch.manual_seed(0)
+    model = build("bert-base", small=True).module.eval()
+    # library forms chosen by the cost model (measuring builds and drops candidate packs),
+    # and rewrites bounded by work, not time, so every size folds the same weights
+    options = dataclasses.replace(opweave.Options.resolve(None), measure=False,
+                                  deterministic=True)
+    compiled = opweave.compile(model, (torch.randint(0, 1000, (2, 8)),), options=options,
+                               dynamic_shapes=({0: Dim("batch", max=8), 1: Dim("seq", max=64)},))
+    with torch.no_grad():
+        ids = torch.randint(0, 1000, (2, 8))
+        torch.testing.assert_close(compiled(ids)[0], model(ids)[0], rtol=1e-4, atol=1e-4)
+        packed = dict(shared.made)
+        assert any(k.startswith("linear-pack") for k in packed), packed
+        for batch, seq in [(3, 16), (4, 40)]:
+            ids = torch.randint(0, 1000, (batch, seq))
+            torch.testing.assert_close(compiled(ids)[0], model(ids)[0], rtol=1e-4, atol=1e-4)
+    assert dict(shared.made) == packed
+    (family,) = compiled.program.symbolic_graphs
+    assert family.compiles == 3
+    first, *others = family.plans
+    kept = [v for v in first.graph.constants.values() if v.numel() > 1000]
+    for plan in others:
+        for name, v in plan.graph.constants.items():
+            twins = [k for k in kept if k.shape == v.shape and k.dtype == v.dtype
+                     and torch.equal(k, v)]
+            if twins:  # a constant another plan holds too is the same bytes in memory
+                assert v.data_ptr() == twins[0].data_ptr(), name
