@@ -24,6 +24,7 @@ class Explanation:
     runtime: list[str] = field(default_factory=list)  # how each segment's calls run
     memory: list[str] = field(default_factory=list)  # training: each segment's peak and plan
     precision: str = ""  # with precision="bf16": which steps run in bf16, on which units
+    dynamic: list[str] = field(default_factory=list)  # each symbolic segment: plans, peak
 
     @property
     def captured(self) -> bool:
@@ -61,6 +62,8 @@ class Explanation:
                 lines.append(f"  segment {i} runs as: {how}")
             for i, plan in enumerate(self.memory):
                 lines.append(f"  segment {i} memory: {plan}")
+            for line in self.dynamic:
+                lines.append(f"  {line}")
             if self.precision:
                 lines.append(f"  precision: {self.precision}")
             if cov.fallback:
@@ -88,12 +91,15 @@ def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
 
 def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
             name: str | None = None, graph_breaks: bool = True, rewrite=None,
-            train: bool = False, memory_budget=None, precision=None) -> Explanation:
+            train: bool = False, memory_budget=None, precision=None,
+            dynamic_shapes=None) -> Explanation:
     """Compile `model` as `opweave.compile` does and report coverage, the IR (after the
     rewrite pass) and what the rewrite pass did: rules fired where, cost before and after.
     With `train=True` (and optionally `memory_budget`), the training step: each joint
     graph's peak memory, and what rematerialization recomputed to meet the budget. With
-    `precision="bf16"`, how many steps compute in bf16 and on which of the CPU's units."""
+    `precision="bf16"`, how many steps compute in bf16 and on which of the CPU's units.
+    With `dynamic_shapes` (as `opweave.compile`'s), each symbolic segment's symbols, the
+    sizes compiled so far and its peak memory as a formula over the symbols."""
     import warnings
 
     from .frontends.torch_export import compile as compile_model
@@ -103,17 +109,18 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
         compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite,
-                                 train=train, memory_budget=memory_budget, precision=precision)
+                                 train=train, memory_budget=memory_budget, precision=precision,
+                                 dynamic_shapes=dynamic_shapes)
     program = _program(compiled)
+    runtime = _runtime(compiled, program, example_inputs)
     ir_ops: dict[str, int] = {}
     flops = moved = 0
-    for graph in compiled.graphs:
+    for graph in _costed_graphs(compiled, program):
         for op, n in graph.op_counts().items():
             ir_ops[op] = ir_ops.get(op, 0) + n
         cost = graph.cost()
         flops, moved = flops + cost.flops, moved + cost.bytes
     ir_ops = dict(sorted(ir_ops.items(), key=lambda kv: (-kv[1], kv[0])))
-    runtime = _runtime(compiled, program, example_inputs)
     breaks, reasons = _dynamo_breaks(model, example_inputs) if graph_breaks else (None, [])
     if train:
         capture, coverage, error = ("aot-joint", program.coverage, "") if program else \
@@ -123,7 +130,27 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     return Explanation(name, capture, coverage, ir_ops, breaks, reasons, flops, moved, error,
                        program.rewrites if program else [], runtime,
                        [_memory(g) for g in program.compiled_graphs] if train and program else [],
-                       _precision(program, precision) if program else "")
+                       _precision(program, precision) if program else "",
+                       _dynamic(program) if program else [])
+
+
+def _dynamic(program) -> list[str]:
+    """Where each size symbol comes from, and each symbolic segment's plans and peak."""
+    if not program.symbolic_graphs:
+        return []
+    sources = ", ".join(f"{name} = " + (f"size argument {i}" if axis is None else
+                                        f"axis {axis} of argument {i}")
+                        for name, i, axis in program.symbol_sources)
+    return [f"symbols: {sources}"] + [f"symbolic segment {i}: {g.describe()}"
+                                      for i, g in enumerate(program.symbolic_graphs)]
+
+
+def _costed_graphs(compiled, program) -> list:
+    """The graphs whose ops and cost explain reports: a symbolic segment's by the plan of
+    the example's sizes (its cost is a number only for concrete sizes)."""
+    if program is None or not program.symbolic_graphs:
+        return compiled.graphs
+    return [g.graph for g in program.compiled_graphs]
 
 
 def _precision(program, precision) -> str:

@@ -15,11 +15,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
-from .ir import Graph
+from .ir import Graph, symbols
 from .ir.specialize import binding_of, graph_symbols, specialize
 from .options import Options
 from .pipeline import CompiledGraph, compile_graph
 from . import shared_constants
+from .runtime.memory_plan import symbolic_peak
 
 # Plans kept per symbolic graph: BERT served at 8 sequence lengths and 4 batch sizes is 32.
 MAX_SPECIALIZATIONS = 32
@@ -38,6 +39,7 @@ class SymbolicGraph:
         self._plans: OrderedDict[tuple, CompiledGraph] = OrderedDict()
         self._by_call: dict[tuple, tuple[tuple, CompiledGraph]] = {}  # sizes -> (binding, plan)
         self._sharing = shared_constants.new_scope()  # plans share packed/folded weights
+        self._peak = None  # symbolic_peak of the graph, computed when first asked
 
     def compiled_for(self, shapes: Sequence[Sequence[int]],
                      given: Mapping[str, int] | None = None) -> CompiledGraph:
@@ -73,6 +75,26 @@ class SymbolicGraph:
     @property
     def plans(self) -> list[CompiledGraph]:
         return list(self._plans.values())
+
+    @property
+    def bindings(self) -> list[dict[str, int]]:
+        """The sizes of the plans kept, least recently used first."""
+        return [dict(key) for key in self._plans]
+
+    def peak_bytes(self, binding: Mapping[str, int] | None = None):
+        """The peak bytes of intermediates when the graph runs node by node, as a formula
+        over the symbols (or its value at `binding`): a bound before fusion, for sizes no
+        plan was compiled for yet. A compiled plan's own peak is its memory plan's."""
+        if self._peak is None:
+            self._peak = symbolic_peak(self.graph)
+        return self._peak if binding is None else symbols.substitute(self._peak, binding)
+
+    def describe(self) -> str:
+        """For explain: the symbols, the plans kept and the peak formula."""
+        kept = ", ".join(" ".join(f"{k}={v}" for k, v in sorted(b.items()))
+                         for b in self.bindings) or "none yet"
+        return (f"dynamic over {', '.join(sorted(self.symbols))}: {self.compiles} plan(s) "
+                f"compiled, kept for {kept}; peak before fusion {self.peak_bytes()} bytes")
 
     def __repr__(self) -> str:
         return (f"SymbolicGraph({self.graph.name}, symbols {sorted(self.symbols)}, "

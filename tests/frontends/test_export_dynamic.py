@@ -124,3 +124,15 @@ def test_symbolic_arange_lowers():
         x = torch.randn(2, seq, 4)
         torch.testing.assert_close(compiled(x), model(x))
     assert isinstance(compiled._current.dynamic, DynamicInputTypes)
+
+
+def test_explain_reports_the_symbols_plans_and_peak():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU()).eval()
+    report = opweave.explain(model, (torch.randn(4, 6),), graph_breaks=False,
+                             dynamic_shapes=({0: Dim("rows", max=64)},))
+    text = str(report)
+    assert report.share == 1.0
+    assert "symbols: s" in text and "= axis 0 of argument 0" in text
+    assert "1 plan(s) compiled" in text and "peak before fusion" in text
+    assert report.flops > 0  # costed on the example's plan

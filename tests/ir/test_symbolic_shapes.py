@@ -181,3 +181,27 @@ def test_arange_to_a_symbol_has_the_length_torch_gives(start, step):
     for n in (1, 2, 7, 10):
         (out,) = Executor(specialize(g, {"s0": n}))(torch.zeros(n, dtype=torch.int64))
         torch.testing.assert_close(out, 2 * torch.arange(start, n + 5, step))
+
+
+def test_symbolic_peak_equals_the_concrete_plans_peak_at_every_binding():
+    """The peak formula over the symbols, evaluated at a binding, is exactly the memory
+    plan's peak of the graph specialized to it."""
+    import torch
+
+    from opweave.ir import Graph
+    from opweave.ir.specialize import specialize
+    from opweave.runtime.memory_plan import plan_memory, symbolic_peak
+
+    s0, s1 = symbols.symbol("s0"), symbols.symbol("s1")
+    g = Graph("attention_like")
+    x = g.add_input("x", TensorType((s0, s1, 8), torch.float32))
+    scores = g.add1("matmul", [x, g.add1("permute", [x], {"dims": [0, 2, 1]})])  # [s0,s1,s1]
+    weights = g.add1("softmax", [scores], {"dim": -1})
+    mixed = g.add1("matmul", [weights, x])                                       # [s0,s1,8]
+    flat = g.add1("reshape", [mixed], {"shape": [s0 * s1, 8]})
+    g.outputs = [g.add1("relu", [flat])]
+    peak = symbolic_peak(g)
+    assert symbols.free_symbols([peak]) == {"s0", "s1"}
+    for binding in ({"s0": 1, "s1": 2}, {"s0": 3, "s1": 16}, {"s0": 2, "s1": 500}):
+        concrete = plan_memory(specialize(g, binding)).unplanned_peak_bytes
+        assert symbols.substitute(peak, binding) == concrete

@@ -358,6 +358,11 @@ class CompiledProgram:
         return [s.compiled for s in self.steps if isinstance(s, _Segment) and s.compiled]
 
     @property
+    def symbol_sources(self) -> list[tuple[str, int, int | None]]:
+        """(symbol, argument, axis or None for a size argument) for each size symbol."""
+        return list(self._symbol_sources)
+
+    @property
     def symbolic_graphs(self) -> list[SymbolicGraph]:
         return [s.executor for s in self.steps if isinstance(s, _Segment)
                 and isinstance(s.executor, SymbolicGraph)]

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from ..ir import Graph, Value
+import sympy
+
+from ..ir import Graph, Value, symbols
 
 ALIGN = 64
 
@@ -36,23 +38,8 @@ def _align(n: int) -> int:
 
 def plan_memory(graph: Graph) -> MemoryPlan:
     steps = graph.nodes
-    base: dict[Value, Value] = {}          # value -> the value owning its bytes
-    born: dict[Value, int] = {}
-    last: dict[Value, int] = {}
-    for i, node in enumerate(steps):
-        for v in node.outputs:
-            born[v] = i
-            last[v] = i
-            base[v] = base.get(node.inputs[0], node.inputs[0]) if node.opdef.is_view else v
-        for v in node.inputs:
-            last[v] = i
     end = len(steps)
-    for v in graph.outputs:
-        last[v] = end
-    # A base lives as long as its longest-lived view.
-    base_last: dict[Value, int] = {}
-    for v, b in base.items():
-        base_last[b] = max(base_last.get(b, 0), last.get(v, born[v]))
+    base, born, last, base_last = _lifetimes(graph)  # a base lives as long as its views
     escaping = {base.get(v, v) for v in graph.outputs}
 
     frees: list[list[Value]] = [[] for _ in steps]
@@ -79,6 +66,33 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         placed.append((offset, size, start, stop))
     arena = max((o + s for o, s, _, _ in placed), default=0)
 
+    return MemoryPlan(last, offsets, arena, frees, _live_peak(steps, base, base_last))
+
+
+def _lifetimes(graph: Graph):
+    """(value -> the value owning its bytes, value -> step made, owner -> last step any
+    view of it is read); graph outputs live past the last step."""
+    base: dict[Value, Value] = {}
+    born: dict[Value, int] = {}
+    last: dict[Value, int] = {}
+    for i, node in enumerate(graph.nodes):
+        for v in node.outputs:
+            born[v] = i
+            last[v] = i
+            base[v] = base.get(node.inputs[0], node.inputs[0]) if node.opdef.is_view else v
+        for v in node.inputs:
+            last[v] = i
+    for v in graph.outputs:
+        last[v] = len(graph.nodes)
+    base_last: dict[Value, int] = {}
+    for v, b in base.items():
+        base_last[b] = max(base_last.get(b, 0), last.get(v, born[v]))
+    return base, born, last, base_last
+
+
+def _live_peak(steps, base, base_last):
+    """The most bytes of intermediates (and outputs) alive at once with no reuse; over
+    symbolic sizes, an expression (sympy's Max of the candidates it cannot order)."""
     live_bytes, peak = 0, 0
     owned = {v for v in base if base[v] is v and v.producer is not None and v.producer.op != "constant"}
     ends: dict[int, int] = {}
@@ -86,9 +100,17 @@ def plan_memory(graph: Graph) -> MemoryPlan:
         ends[base_last[v]] = ends.get(base_last[v], 0) + v.type.nbytes
     for i, node in enumerate(steps):
         live_bytes += sum(v.type.nbytes for v in node.outputs if v in owned)
-        peak = max(peak, live_bytes)
+        peak = max(peak, live_bytes) if symbols.is_static([peak, live_bytes]) \
+            else sympy.Max(peak, live_bytes)
         live_bytes -= ends.get(i, 0)
-    return MemoryPlan(last, offsets, arena, frees, peak)
+    return peak
+
+
+def symbolic_peak(graph: Graph):
+    """The peak bytes of `graph` run node by node, as a function of its size symbols: a
+    bound for any binding before fusion (fused plans keep fewer intermediates)."""
+    base, _, _, base_last = _lifetimes(graph)
+    return _live_peak(graph.nodes, base, base_last)
 
 
 def free_points(steps: Sequence, keep: frozenset[Value] | set) -> list[list[Value]]:
