@@ -7,14 +7,13 @@ oneDNN. Kept per plan, each new size of BERT-base held another copy of its weigh
 (measured: 460 MB more per size). Here derived tensors are shared instead:
 
 - `intern(tensor)`: a tensor bit-for-bit equal (dtype, shape, strides, bytes) to one
-  interned before and still alive is replaced by that one;
+  interned before whose bytes are still held is replaced by a view of those bytes;
 - `derived(kind, sources, params, make)`: a tensor a deterministic `make` computes from
   `sources` (oneDNN's packed weights, whose opaque layout cannot be compared) is computed
   once per kind, sources and params, among the plans compiled in one `sharing` scope (a
   `SymbolicGraph`'s plans: one capture, so one set of weights). A source is known by the
   place of its bytes, not by its contents; outside a scope, a later compile could find a
-  pack of weights since rewritten through `.data` (which leaves the version counter as
-  it was), so nothing is shared there.
+  pack of weights since rewritten in place, so nothing is shared there.
 
 Entries are weak references: a tensor no plan holds any more is freed as before. Plans
 only read their constants, so sharing one tensor between them is safe.
@@ -37,7 +36,8 @@ _lock = threading.Lock()
 _scope = threading.local()  # .id: the sharing scope compiles on this thread are in
 _scope_ids = itertools.count(1)
 made: Counter[str] = Counter()  # derived tensors computed, per kind (the rest were shared)
-_interned: dict[tuple, list[weakref.ref]] = {}
+# key -> [(the storage, weakly: graphs hold their own detached views of it; offset)]
+_interned: dict[tuple, list[tuple[weakref.ref, int]]] = {}
 # key -> (the sources' storages, held so their bytes cannot be freed and the addresses in
 # the key reused while the entry exists; the result, weakly)
 _derived: dict[tuple, tuple[tuple, weakref.ref]] = {}
@@ -47,8 +47,15 @@ def _raw(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _over(storage: torch.UntypedStorage, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor like `like` (contiguous) over `storage` from element `offset`."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(
+        storage, offset, like.shape, like.stride())
+
+
 def intern(tensor: torch.Tensor) -> torch.Tensor:
-    """`tensor`, or an alive interned tensor with exactly its bytes, type and strides."""
+    """`tensor`, or a view of the bytes of an interned tensor still held (by any plan, in
+    any Python object) with exactly its bytes, type and strides."""
     if (tensor.layout != torch.strided or not tensor.is_contiguous() or tensor.requires_grad
             or tensor.numel() < _WORTH or tensor.reshape(-1).stride(0) != 1
             or tensor.is_complex()):
@@ -57,17 +64,24 @@ def intern(tensor: torch.Tensor) -> torch.Tensor:
     step = max(raw.numel() // _SAMPLES, 1)
     key = (tensor.dtype, tuple(tensor.shape), tensor.device,
            bytes(raw[::step][:_SAMPLES].tolist()))
+    storage, offset = tensor.untyped_storage(), tensor.storage_offset()
     with _lock:
         if len(_interned) > 4096:  # drop the keys of tensors no plan holds any more
-            for dead in [k for k, refs in _interned.items() if all(r() is None for r in refs)]:
+            for dead in [k for k, refs in _interned.items()
+                         if all(r() is None for r, _ in refs)]:
                 del _interned[dead]
         refs = _interned.setdefault(key, [])
-        refs[:] = [r for r in refs if r() is not None]
-        for ref in refs:
+        refs[:] = [(r, o) for r, o in refs if r() is not None]
+        for ref, known_offset in refs:
             known = ref()
-            if known is not None and (known is tensor or torch.equal(_raw(known), raw)):
-                return known
-        refs.append(weakref.ref(tensor))
+            if known is None:
+                continue
+            if known.data_ptr() == storage.data_ptr() and known_offset == offset:
+                return tensor  # these very bytes
+            twin = _over(known, known_offset, tensor)
+            if torch.equal(_raw(twin), raw):
+                return twin
+        refs.append((weakref.ref(storage), offset))
     return tensor
 
 
@@ -92,9 +106,10 @@ def derived(kind: str, sources: Sequence[torch.Tensor], params: Hashable,
     """`make()`, computed once for the same kind, source tensors and params while the
     result is alive, within the current `sharing` scope (outside one: `make()`). `make`
     must depend on nothing else. A source is known by its bytes' place (storage, offset,
-    sizes, strides, dtype) and version, not by its Python object: each graph holds its
-    own detached views of the same weights. An entry holds its sources' storage, so no
-    other data can appear at their place while it exists."""
+    sizes, strides, dtype), not by its Python object or version counter: each graph holds
+    its own views of the same weights. An entry holds its sources' storage, so no other
+    data can appear at their place while it exists; and a scope's weights do not change
+    (a program whose weights change is rebuilt, with a new SymbolicGraph and scope)."""
     scope = getattr(_scope, "id", None)
     if scope is None:
         return make()
@@ -114,4 +129,4 @@ def derived(kind: str, sources: Sequence[torch.Tensor], params: Hashable,
 
 def _place(t: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
-            t.dtype, t.device, t._version)
+            t.dtype, t.device)

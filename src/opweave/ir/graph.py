@@ -108,9 +108,7 @@ class Graph:
         while key in self.constants:
             i += 1
             key = f"{name}_{i}"
-        if tensor.requires_grad or not tensor.is_contiguous():
-            tensor = tensor.detach().contiguous()
-        self.constants[key] = tensor  # the same object: plans share derived constants by it
+        self.constants[key] = tensor.detach().contiguous()
         t = TensorType.of(tensor)
         return self.add1("constant", [], {"name": key, "shape": list(t.shape), "dtype": t.dtype},
                          name=name, source=source)
