@@ -136,3 +136,26 @@ def test_explain_reports_the_symbols_plans_and_peak():
     assert "symbols: s" in text and "= axis 0 of argument 0" in text
     assert "1 plan(s) compiled" in text and "peak before fusion" in text
     assert report.flops > 0  # costed on the example's plan
+
+
+def test_a_weight_change_recompiled_from_a_call_of_size_one_stays_correct():
+    """After a weight change the next call recompiles from its own inputs; a batch of 1
+    fixes the dim in torch.export, so that program serves its sizes only, and the
+    others get static programs: every output still matches eager."""
+    from opweave.frontends.weights import WeightsChangedWarning
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU()).eval()
+    compiled = opweave.compile(model, (torch.randn(4, 6),),
+                               dynamic_shapes=({0: Dim("rows", max=64)},))
+    with torch.no_grad():
+        model[0].weight.add_(0.5)
+    with pytest.warns(WeightsChangedWarning), \
+            pytest.warns(OpweaveFallbackWarning, match="this call's sizes only"):
+        x = torch.randn(1, 6)
+        torch.testing.assert_close(compiled(x), model(x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OpweaveFallbackWarning)
+        for rows in (3, 1, 7):
+            x = torch.randn(rows, 6)
+            torch.testing.assert_close(compiled(x), model(x))

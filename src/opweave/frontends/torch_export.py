@@ -87,7 +87,7 @@ class CompiledModel:
         key, lengths = _key(self._binder.canonical(args, kwargs))
         if lengths is not None:
             self._new_cache_length(key)  # the example's cache length is the one compiled
-        self._current = self._specialize(key, args, kwargs, stacklevel=5)
+        self._current = self._specialize(key, args, kwargs, stacklevel=5, first=True)
 
     # -- what the most recent call ran -------------------------------------------------------
     @property
@@ -183,7 +183,10 @@ class CompiledModel:
         return True
 
     def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3,
-                    dynamic_shapes="model's") -> _Specialization:
+                    dynamic_shapes="model's", first: bool = False) -> _Specialization:
+        """Compile for this call. `dynamic_shapes` the user gave that torch.export refuses
+        are an error on the first compile; a later one (after a weight change, from a call
+        of other sizes: a size of 1 fixes a dim) compiles for the call's sizes instead."""
         if key is None:
             self._warn_once(f"{self.name} was called with a value opweave cannot compare "
                             f"(not hashable); such calls run in eager PyTorch",
@@ -192,7 +195,7 @@ class CompiledModel:
         if dynamic_shapes == "model's":
             dynamic_shapes = self.dynamic_shapes
         entry = _compile(self.model, args, kwargs, self.name, stacklevel=stacklevel + 1,
-                         options=self._options, dynamic_shapes=dynamic_shapes)
+                         options=self._options, dynamic_shapes=dynamic_shapes, strict=first)
         entry.spelling = self._binder.spelling(args, kwargs)
         self._cache[key] = entry
         self._cache.move_to_end(key)
@@ -218,12 +221,19 @@ def _key(canonical: dict) -> tuple:
 
 
 def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
-             stacklevel: int, dynamic_shapes=None) -> _Specialization:
+             stacklevel: int, dynamic_shapes=None, strict: bool = True) -> _Specialization:
     errors = []
     ranges: dict = {}
+    refused = []  # why torch.export refused dynamic_shapes (when not strict)
 
     def export(model, args, kwargs):
-        gm, constants, out_spec, found = _capture_export(model, args, kwargs, dynamic_shapes)
+        try:
+            gm, constants, out_spec, found = _capture_export(model, args, kwargs, dynamic_shapes)
+        except DynamicShapesError as err:
+            if strict:
+                raise
+            refused.append(str(err).splitlines()[0])
+            gm, constants, out_spec, found = _capture_export(model, args, kwargs)
         ranges.update(found)
         return gm, constants, out_spec
 
@@ -249,9 +259,10 @@ def _compile(model, args: tuple, kwargs: dict, name: str, *, options: Options,
         if dynamic_shapes is not None:
             dynamic = DynamicInputTypes(program.placeholders, ranges)
             if not dynamic.symbolic:
-                warnings.warn(f"opweave compiled {name} for the example's sizes only: no dim "
+                why = f": {refused[0]}" if refused else ""
+                warnings.warn(f"opweave compiled {name} for this call's sizes only: no dim "
                               f"of dynamic_shapes stayed dynamic in the capture "
-                              f"({capture}); calls of other sizes each compile a program",
+                              f"({capture}{why}); calls of other sizes each compile a program",
                               OpweaveFallbackWarning, stacklevel=stacklevel)
         return _Specialization(program, capture, out_spec, "; ".join(errors),
                                tensor_types(tensors), WeightWatch(model, program.constants.values()),
