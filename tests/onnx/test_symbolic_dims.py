@@ -117,3 +117,18 @@ def test_exported_bert_with_dynamic_batch_and_sequence_is_lowered_once(tmp_path)
                 np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-4)
     assert model.lowerings == 1
     assert model._family().compiles == 3
+
+
+def test_integer_division_of_sizes_truncates_as_onnx_does():
+    import torch
+
+    from opweave.ir import symbols
+    from opweave.onnx.symbolic_folds import fold_symbolic
+
+    s0 = symbols.symbol("s0")
+    sizes = np.array([s0 * 6, 7, -7], dtype=object)
+    got = fold_symbolic("div", [sizes, np.array([3, 2, 2], dtype=object)], {"rounding": "trunc"})
+    assert list(got) == [2 * s0, 3, -3]
+    assert fold_symbolic("div", [np.array([s0], dtype=object), np.array([-2], dtype=object)],
+                         {"rounding": "trunc"}) is None
+    assert fold_symbolic("cast", [sizes], {"dtype": torch.float32}) is None

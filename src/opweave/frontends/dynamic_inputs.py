@@ -65,11 +65,11 @@ class DynamicInputTypes:
                     if want != got:
                         return f"tensor argument {i} has size {got} at axis {axis}, not {want}"
                 elif isinstance(want, sympy.Symbol):
-                    seen = binding.setdefault(want.name, got)
+                    bound = binding.setdefault(want.name, got)
                     where.setdefault(want.name, f"axis {axis} of tensor argument {i}")
-                    if seen != got:
+                    if bound != got:
                         return (f"axis {axis} of tensor argument {i} is {got}, but "
-                                f"{where[want.name]}, the same dim, is {seen}")
+                                f"{where[want.name]}, the same dim, is {bound}")
                 else:
                     derived.append((i, axis, want, got))
         for symbol, value in binding.items():

@@ -18,9 +18,16 @@ from ..ir import dtypes
 Fold = Callable[[list[np.ndarray], dict], np.ndarray]
 
 
-def _floor_divide(a, b):
-    """Integer division of sizes (ONNX truncates; sizes are positive, so floor agrees)."""
-    return np.vectorize(lambda x, y: sympy.floor(sympy.sympify(x) / y), otypes=[object])(a, b)
+def _truncating_divide(a, b):
+    """Integer division as ONNX's (truncating). A size over symbols is positive, so by a
+    positive divisor floor agrees; any other symbolic case is refused (ValueError)."""
+    def divide(x, y):
+        if isinstance(x, int) and isinstance(y, int):
+            return abs(x) // abs(y) * (1 if (x < 0) == (y < 0) else -1)
+        if isinstance(y, int) and y > 0:
+            return sympy.floor(sympy.sympify(x) / y)
+        raise ValueError(f"cannot divide {x} by {y} over symbols")
+    return np.vectorize(divide, otypes=[object])(a, b)
 
 
 def _take(a: np.ndarray, index: np.ndarray, dim: int) -> np.ndarray:
@@ -52,7 +59,12 @@ def fold_symbolic(op: str, arrays: list[np.ndarray], attrs: dict) -> np.ndarray 
     if op == "cast":
         return arrays[0] if attrs["dtype"] in dtypes.INT_DTYPES else None
     if op == "div":
-        return _floor_divide(*arrays) if attrs.get("rounding") in ("trunc", "floor") else None
+        if attrs.get("rounding") != "trunc":
+            return None
+        try:
+            return _truncating_divide(*arrays)
+        except (ValueError, ZeroDivisionError):
+            return None
     fold = _FOLDS.get(op)
     if fold is None or any(not isinstance(a, np.ndarray) for a in arrays):
         return None
@@ -60,6 +72,3 @@ def fold_symbolic(op: str, arrays: list[np.ndarray], attrs: dict) -> np.ndarray 
         return np.asarray(fold(arrays, attrs), dtype=object)
     except (ValueError, IndexError, TypeError):
         return None
-
-
-
