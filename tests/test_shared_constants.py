@@ -60,7 +60,8 @@ def test_derived_is_computed_once_per_source_within_a_scope():
         calls.append(1)
         return w.t().contiguous()
 
-    assert len([shared.derived("t", [w], 1, pack) for _ in range(2)]) == 2
+    for _ in range(2):
+        shared.derived("t", [w], 1, pack)
     assert len(calls) == 2  # outside a scope nothing is shared
     scope = shared.new_scope()
     with shared.sharing(scope):

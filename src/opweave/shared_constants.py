@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections import Counter
 import weakref
+from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Hashable, Iterator, Sequence
 

@@ -88,8 +88,8 @@ def _weight(graph: Graph, v: Value, low: bool) -> torch.Tensor:
 
 
 def _packed(kind: str, graph: Graph, v: Value, low: bool, params: tuple, pack):
-    """`pack(weight)` for the constant `v`, shared by every plan that packs the same weight
-    the same way (a model compiled for many shapes packs it once)."""
+    """`pack(weight)` for the constant `v`, made once for the plans of one sharing scope
+    that pack the same weight the same way (a symbolic graph's plans: one per size)."""
     return shared_constants.derived(kind, [constant_of(graph, v)], (low, *params),
                                     lambda: pack(_weight(graph, v, low)))
 

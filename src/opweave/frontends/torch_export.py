@@ -47,6 +47,7 @@ from .dynamic_inputs import DynamicInputTypes, export_ranges
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
 from .weights import WeightsChangedWarning, WeightWatch
 
+_MODELS_DIMS = object()  # `_specialize`'s default: the dynamic_shapes the model was given
 MAX_SPECIALIZATIONS = 8  # distinct calls (values, structure) kept compiled per model
 # cache lengths compiled per call structure: a decode loop passes a longer cache at every
 # step, and a compile per generated token would cost far more than it saves
@@ -183,7 +184,7 @@ class CompiledModel:
         return True
 
     def _specialize(self, key, args: tuple, kwargs: dict, stacklevel: int = 3,
-                    dynamic_shapes="model's", first: bool = False) -> _Specialization:
+                    dynamic_shapes=_MODELS_DIMS, first: bool = False) -> _Specialization:
         """Compile for this call. `dynamic_shapes` the user gave that torch.export refuses
         are an error on the first compile; a later one (after a weight change, from a call
         of other sizes: a size of 1 fixes a dim) compiles for the call's sizes instead."""
@@ -192,7 +193,7 @@ class CompiledModel:
                             f"(not hashable); such calls run in eager PyTorch",
                             OpweaveFallbackWarning)
             return _Specialization(None, "eager", capture_error="an unhashable argument")
-        if dynamic_shapes == "model's":
+        if dynamic_shapes is _MODELS_DIMS:
             dynamic_shapes = self.dynamic_shapes
         entry = _compile(self.model, args, kwargs, self.name, stacklevel=stacklevel + 1,
                          options=self._options, dynamic_shapes=dynamic_shapes, strict=first)

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ..ir import symbols
-
 from .errors import where
 from .importer import handles
 from .ops_math import axis_of, refuse

@@ -70,8 +70,9 @@ def plan_memory(graph: Graph) -> MemoryPlan:
 
 
 def _lifetimes(graph: Graph):
-    """(value -> the value owning its bytes, value -> step made, owner -> last step any
-    view of it is read); graph outputs live past the last step."""
+    """(value -> the value owning its bytes, value -> step made, value -> last step
+    reading it, owner -> last step any view of it is read); graph outputs live past the
+    last step."""
     base: dict[Value, Value] = {}
     born: dict[Value, int] = {}
     last: dict[Value, int] = {}
