@@ -103,9 +103,10 @@ GRAPH_PASSES: tuple[Pass, ...] = (
 class PassRun:
     """Applies passes to one graph with the instruments `options` asks for."""
 
-    def __init__(self, options: Options, name: str):
+    def __init__(self, options: Options, name: str, strict: bool = False):
         self.options = options
         self.name = name
+        self.strict = strict  # optional passes raise too
         self.reports: list[PassReport] = []
         self.dump_dir = Path(options.debug_dir) / name if options.debug_dir else None
 
@@ -116,7 +117,7 @@ class PassRun:
             if self.options.verify:
                 verify(new)
         except Exception as err:  # noqa: BLE001  (optional passes fail soft, loudly)
-            if not p.optional:
+            if not p.optional or self.strict:
                 raise
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave's {p.name} pass failed on {graph.name} and was skipped: {reason}",
@@ -267,21 +268,51 @@ def _measured_machine(graph: Graph, options: Options) -> tuple[cost.Machine, Pas
     return machine, PassReport("machine", time.perf_counter() - start, size, size, detail)
 
 
-def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
-    """Run every pass over `graph` and lower it to an executor, with the graph's tuned
-    configuration and this machine's measured roofline when the database has them."""
+@dataclass
+class PreparedGraph:
+    """A graph after the graph passes, not yet lowered: what compiling does once for a
+    graph of symbolic sizes, before lowering it per binding (specializing.py)."""
+
+    graph: Graph
+    options: Options
+    machine: cost.Machine
+    reports: list[PassReport]
+    key: tuple[str, str]
+    input_outline: list[OutlineNode]
+
+
+def prepare_graph(graph: Graph, options: Options, *, strict: bool = False) -> PreparedGraph:
+    """Run the graph passes over `graph`, with its tuned configuration and this machine's
+    measured roofline when the database has them. `strict`: an optional pass that fails
+    raises instead of being skipped (the caller has another way to compile)."""
     key = configs.graph_key(graph)
     before = outline(graph)
     options, tuned = _tuned_options(graph, key[0], options)
     machine, measured = _measured_machine(graph, options)
-    run = PassRun(options, graph.name)
+    run = PassRun(options, graph.name, strict=strict)
     run.reports.extend(r for r in (tuned, measured) if r is not None)
     with cost.using(machine):
         for p in GRAPH_PASSES:
             graph = run.apply(p, graph)
+    return PreparedGraph(graph, options, machine, run.reports, key, before)
+
+
+def lower_prepared(prepared: PreparedGraph, graph: Graph | None = None) -> CompiledGraph:
+    """Lower a prepared graph, or `graph` in its place (the prepared graph specialized to
+    concrete sizes), to an executor; the plan's reports are the passes' and its own."""
+    graph = prepared.graph if graph is None else graph
+    run = PassRun(prepared.options, graph.name)
+    run.reports.extend(prepared.reports)
+    with cost.using(prepared.machine):
         executor = run.lower(graph)
-    return CompiledGraph(graph, executor, run.reports, key, options, before)
+    return CompiledGraph(graph, executor, run.reports, prepared.key, prepared.options,
+                         prepared.input_outline)
+
+
+def compile_graph(graph: Graph, options: Options) -> CompiledGraph:
+    """Run every pass over `graph` and lower it to an executor."""
+    return lower_prepared(prepare_graph(graph, options))
 
 
 __all__ = ["Pass", "PassReport", "PassRun", "PassWarning", "TuningWarning", "CompiledGraph",
-           "compile_graph", "GRAPH_PASSES"]
+           "PreparedGraph", "compile_graph", "prepare_graph", "lower_prepared", "GRAPH_PASSES"]

@@ -1,25 +1,29 @@
 """A graph compiled for many shapes: one symbolic graph, one plan per binding.
 
-A frontend captures and lowers a model once, with symbolic sizes (ir.symbols); the graph
-passes and kernels then run on concrete sizes, once for each distinct binding of the
-symbols a call brings (`ir.specialize`), and each plan is kept for the next call with
-the same sizes, least recently used dropped beyond MAX_SPECIALIZATIONS. Specializing
-rebuilds every node on the real sizes and checks it against the symbolic type, so a
-binding the symbolic graph does not hold for raises SymbolError, never runs a wrong plan.
-The plans share the constants compiling derives from the weights (folded, transposed,
-packed: `shared_constants`), so each new size costs its kernels and buffers, not
-another copy of the weights.
+A frontend captures and lowers a model once, with symbolic sizes (ir.symbols). The graph
+passes (rewrite, GEMM layout) then run once on the symbolic graph, costed at the first
+call's sizes; lowering (fusion, kernels, library calls, memory plan) runs on concrete
+sizes, once for each distinct binding of the symbols a call brings (`ir.specialize`),
+and each plan is kept for the next call with the same sizes, least recently used dropped
+beyond MAX_SPECIALIZATIONS. Library forms are measured once per size class, not per
+size (`codegen.library.by_size_class`). Specializing rebuilds every node on the real
+sizes and checks it against the symbolic type, so a binding the symbolic graph does not
+hold for raises SymbolError, never runs a wrong plan. The plans share the constants
+compiling derives from the weights (folded, transposed, packed: `shared_constants`), so
+each new size costs its kernels and buffers, not another copy of the weights.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
+from . import cost, shared_constants
+from .codegen import library
 from .ir import Graph, symbols
 from .ir.specialize import binding_of, graph_symbols, specialize
+from .ir.symbols import SymbolError
 from .options import Options
-from .pipeline import CompiledGraph, compile_graph
-from . import shared_constants
+from .pipeline import CompiledGraph, PreparedGraph, compile_graph, lower_prepared, prepare_graph
 from .runtime.memory_plan import symbolic_peak
 
 # Plans kept per symbolic graph: BERT served at 8 sequence lengths and 4 batch sizes is 32.
@@ -40,6 +44,8 @@ class SymbolicGraph:
         self._by_call: dict[tuple, tuple[tuple, CompiledGraph]] = {}  # sizes -> (binding, plan)
         self._sharing = shared_constants.new_scope()  # plans share packed/folded weights
         self._peak = None  # symbolic_peak of the graph, computed when first asked
+        self._prepared: PreparedGraph | None = None  # after the graph passes, symbolic
+        self.per_binding: str | None = None  # why the passes could not run symbolically
 
     def compiled_for(self, shapes: Sequence[Sequence[int]],
                      given: Mapping[str, int] | None = None) -> CompiledGraph:
@@ -56,8 +62,8 @@ class SymbolicGraph:
         key = tuple(sorted(binding.items()))
         plan = self._plans.get(key)
         if plan is None:
-            with shared_constants.sharing(self._sharing):
-                plan = compile_graph(specialize(self.graph, binding), self.options)
+            with shared_constants.sharing(self._sharing), library.by_size_class():
+                plan = self._compile(binding)
             self.compiles += 1
             self._plans[key] = plan
             if len(self._plans) > MAX_SPECIALIZATIONS:
@@ -68,6 +74,25 @@ class SymbolicGraph:
         self._by_call[call] = (key, plan)
         self.latest = plan
         return plan
+
+    def _compile(self, binding: dict[str, int]) -> CompiledGraph:
+        """The plan for `binding`: the graph passes ran once on the symbolic graph (costed
+        at the first binding), so a new size costs specializing and lowering only; where
+        they cannot run symbolically, every pass runs on the specialized graph."""
+        if self._prepared is None and self.per_binding is None:
+            try:
+                with cost.at_sizes(binding):
+                    self._prepared = prepare_graph(self.graph, self.options, strict=True)
+            except Exception as err:  # noqa: BLE001  (the per-binding pipeline still works)
+                self.per_binding = f"{type(err).__name__}: {err}"
+        if self._prepared is not None:
+            try:
+                concrete = specialize(self._prepared.graph, binding)
+            except SymbolError:
+                concrete = None  # the original decides: a SymbolError, or every pass below
+            if concrete is not None:
+                return lower_prepared(self._prepared, concrete)
+        return compile_graph(specialize(self.graph, binding), self.options)
 
     def __call__(self, *tensors, given: Mapping[str, int] | None = None):
         return self.compiled_for([t.shape for t in tensors], given)(*tensors)
@@ -93,8 +118,11 @@ class SymbolicGraph:
         """For explain: the symbols, the plans kept and the peak formula."""
         kept = ", ".join(" ".join(f"{k}={v}" for k, v in sorted(b.items()))
                          for b in self.bindings) or "none yet"
+        passes = ("graph passes once, over the symbols" if self.per_binding is None
+                  else f"graph passes per size ({self.per_binding})")
         return (f"dynamic over {', '.join(sorted(self.symbols))}: {self.compiles} plan(s) "
-                f"compiled, kept for {kept}; peak before fusion {self.peak_bytes()} bytes")
+                f"compiled, kept for {kept}; {passes}; peak before fusion "
+                f"{self.peak_bytes()} bytes")
 
     def __repr__(self) -> str:
         return (f"SymbolicGraph({self.graph.name}, symbols {sorted(self.symbols)}, "

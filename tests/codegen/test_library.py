@@ -92,6 +92,68 @@ def test_choice_is_measured_once_per_shape(monkeypatch):
     assert calls == before
 
 
+def test_size_classes_round_every_size_up_to_a_power_of_two():
+    key = ("matmul", (), ("f32[2,100,768]", "f32[768,3072]"), (("add", "[]"),))
+    assert library.size_class(key) == ("matmul", (), ("f32[2,128,1024]", "f32[1024,4096]"),
+                                       (("add", "[]"),))
+    assert library.size_class(("conv", (), ("f32[1,3,5,5]",), (), ("precision", "bf16"))) == \
+        ("conv", (), ("f32[1,4,8,8]",), (), ("precision", "bf16"))
+
+
+def test_a_size_class_serves_the_sizes_in_it_with_their_flops(monkeypatch):
+    """Within `by_size_class`, the first signature of a class is measured; another of the
+    same class takes its form, its time scaled by FLOPs; another class is measured."""
+    clock = [0.0]
+    monkeypatch.setattr(library.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(library, "_CHOICES", {})
+    monkeypatch.setattr(library, "_CLASS_CHOICES", {})
+    measured = []
+
+    def form(seconds):
+        def fn(x):
+            clock[0] += seconds
+            return [x]
+        return fn
+    forms = {"slow": form(4e-3), "fast": form(1e-3)}
+    real = library.measure
+    monkeypatch.setattr(library, "measure", lambda c, args, rounds=7: measured.append(
+        args[0].shape) or real(c, args, rounds))
+    g = Graph("k")
+    small, other = (g.add_input(n, TensorType(s, F32)) for n, s in (("a", (100, 8)), ("b", (20, 8))))
+
+    def key(rows):
+        return ("matmul", (), (f"f32[{rows},8]",), ())
+    with library.by_size_class():
+        assert library.choose(key(100), forms, [small], work=1000.0) == ("fast", pytest.approx(1e-3))
+        assert library.choose(key(120), forms, [small], work=1500.0) == ("fast", pytest.approx(1.5e-3))
+        assert library.measured(key(110), work=500.0) == pytest.approx(0.5e-3)
+        assert len(measured) == 1
+        library.choose(key(20), forms, [other], work=200.0)   # class 32: measured
+        assert len(measured) == 2
+    library.choose(key(90), forms, [small], work=900.0)      # outside: every size measured
+    assert len(measured) == 3
+
+
+def test_a_linear_with_a_residual_calls_its_overload_directly(monkeypatch):
+    """torch resolves `_linear_pointwise(x, other, ...)` by trying the unary schema first,
+    whose failure formats every tensor into its message (5 ms a call on a 200x768 input):
+    the form names the binary overload, so no tensor is ever formatted."""
+    g = Graph("res")
+    x = g.add_input("x", TensorType((6, 24), F32))
+    g.outputs = [g.add1("add", [linear(g, x, 24, 24, "fc"), x])]
+    lowered = lower(g, "ilp", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "library"]
+
+    def no_repr(self, *args, **kwargs):
+        raise AssertionError("a tensor was formatted")
+    monkeypatch.setattr(torch.Tensor, "__repr__", no_repr)
+    inputs = torch.randn(6, 24)
+    (got,) = step.fn(*[inputs for _ in step.inputs])
+    monkeypatch.undo()
+    (want,) = Executor(g)(inputs)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
 def test_pointwise_conv_as_gemm_matches():
     g = Graph("c1x1")
     x = g.add_input("x", TensorType((1, 16, 5, 7), F32))

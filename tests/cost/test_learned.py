@@ -9,7 +9,7 @@ import random
 import pytest
 
 from opweave.cost import learned
-from opweave.tune import Record
+from opweave.tune import REVISIONS, Record
 
 TARGET = {"cpu": "test", "features": ["avx2", "fma"], "cores": 2, "threads": 2}
 CONV = ("conv", (("dilation", "[1, 1]"), ("groups", "1"), ("padding", "[1, 1]"),
@@ -70,7 +70,8 @@ def planted_records(n: int, seed: int = 0) -> list[Record]:
                    for form, t in base.items()}
         best = min(samples, key=lambda f: min(samples[f]))
         records.append(Record("library-form", hashlib.sha256(text.encode()).hexdigest()[:32],
-                              "t0", text, {"form": best}, min(samples[best]), samples))
+                              "t0", text, {"form": best, "revision": REVISIONS["library-form"]},
+                              min(samples[best]), samples))
     return records
 
 

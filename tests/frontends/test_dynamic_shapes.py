@@ -37,6 +37,10 @@ def test_dynamic_bert_compiles_once_for_every_sequence_length_and_batch():
     assert families, "the captured graph lowered to no symbolic IR"
     # one plan per distinct (batch, seq): (2, 8) again reuses its plan
     assert max(f.compiles for f in families) == 3
+    # the graph passes ran once, on the symbolic graph: every plan shares their report
+    for family in families:
+        assert family.per_binding is None
+        assert len({id(plan.report("rewrite")) for plan in family.plans}) == 1
 
 
 def test_mark_dynamic_batch_of_a_cnn():
@@ -93,3 +97,22 @@ def test_symbolic_graph_names_the_input_a_binding_contradicts():
     with pytest.raises(SymbolError, match=r"%w dim 0 is 7"):
         family(torch.randn(3, 8), torch.randn(7, 4))
     assert family.compiles == 0
+
+
+def test_symbolic_graph_runs_every_pass_per_binding_where_they_fail_symbolically(monkeypatch):
+    from opweave import pipeline
+
+    def refuse_symbols(graph, options):
+        if not all(v.type.is_static for v in graph.inputs):
+            raise SymbolError("not over symbols")
+        return graph, "ran"
+    passes = tuple(pipeline.Pass(p.name, refuse_symbols, p.optional) if p.name == "rewrite"
+                   else p for p in pipeline.GRAPH_PASSES)
+    monkeypatch.setattr(pipeline, "GRAPH_PASSES", passes)
+    family = SymbolicGraph(parse_graph(SYMBOLIC), Options.resolve())
+    w = torch.randn(8, 4)
+    for rows in (3, 5):
+        x = torch.randn(rows, 8)
+        torch.testing.assert_close(family(x, w)[0], torch.relu(x @ w))
+    assert "not over symbols" in family.per_binding
+    assert [plan.report("rewrite") for plan in family.plans] == ["ran", "ran"]

@@ -50,9 +50,9 @@ def kernel(request, monkeypatch):
     choice otherwise), so both are tested whatever this machine measures."""
     real = library.choose
 
-    def forced(key, candidates, inputs, rounds=7):
+    def forced(key, candidates, inputs, rounds=7, work=0.0):
         name = request.param if request.param in candidates else "reference"
-        return name, real(key, {name: candidates[name]}, inputs, rounds=1)[1]
+        return name, real(key, {name: candidates[name]}, inputs, rounds=1, work=work)[1]
 
     monkeypatch.setattr(library, "choose", forced)
     monkeypatch.setattr(library, "_CHOICES", {})

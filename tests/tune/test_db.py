@@ -165,3 +165,19 @@ def test_records_of_another_machine_are_not_measurements_here(tmp_path):
     # a recorded form that is no longer a candidate is measured again
     assert tune.recall("library-form", key, {"reference"}, db) is None
     assert db.get("library-form", wid, target_id(describe())).samples["reference"] == [3e-3]
+
+
+def test_a_record_of_an_older_revision_of_the_forms_is_measured_again(tmp_path):
+    """library-form records made before its forms last changed (no "revision") are not
+    recalled, and a new measurement replaces them (test_ranking: nor learned from)."""
+    db = TuningDB(tmp_path / "t.sqlite")
+    key = ("matmul", "shapes")
+    wid, text = tune.workload("library-form", key)
+    here = target_id(describe())
+    db.put(Record("library-form", wid, here, text, {"form": "reference"}, 1e-3,
+                  {"reference": [1e-3], "onednn": [6e-3]}))
+    assert not tune.is_current(db.get("library-form", wid, here))
+    assert tune.recall("library-form", key, {"reference", "onednn"}, db) is None
+    tune.remember("library-form", key, "onednn", {"onednn": [1e-3], "reference": [2e-3]}, db)
+    assert tune.is_current(db.get("library-form", wid, here))
+    assert tune.recall("library-form", key, {"reference", "onednn"}, db) == ("onednn", 1e-3)

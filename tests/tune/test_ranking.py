@@ -3,6 +3,7 @@ then measures only the forms it ranks first; a damaged model is reported and ign
 from __future__ import annotations
 
 import warnings
+from dataclasses import replace
 
 import pytest
 import torch
@@ -40,6 +41,14 @@ def test_train_stores_a_ranker_that_shortlists_the_winner(tmp_path):
     pool = ("max_pool2d", (), ("f32[1,3,8,8]",), ())
     assert tune.shortlist("library-form", pool, forms, db) == forms
     assert tune.shortlist("library-form", big, {"onednn": None}, db) == {"onednn": None}
+
+
+def test_records_of_an_older_revision_of_the_forms_are_not_learned_from(tmp_path):
+    db = tune.open_db(tmp_path / "t.sqlite")
+    for r in planted_records(200):
+        db.put(replace(r, config={"form": r.config["form"]}), TARGET)  # no revision: stale
+    with pytest.raises(ValueError, match="holds 0 record"):
+        ranking.train(db)
 
 
 def test_a_compile_with_a_stored_ranker_measures_only_its_top_form(tmp_path, monkeypatch):

@@ -24,6 +24,7 @@ class Net(torch.nn.Module):
 
 def _forget_process_memos():
     library._CHOICES.clear()
+    library._CLASS_CHOICES.clear()
     gemm._CHOICES.clear()
     clear_cache()
 

@@ -27,7 +27,7 @@ def _torch_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def _onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+    return torch.ops.mkldnn._linear_pointwise.default(a, b.t(), None, "none", [], "")
 
 
 def applies(node: Node) -> bool:

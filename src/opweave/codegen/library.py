@@ -13,7 +13,10 @@ shape in a process.
 """
 from __future__ import annotations
 
+import re
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Callable
 
 import torch
@@ -28,6 +31,7 @@ from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
+_CLASS_CHOICES: dict[tuple, tuple[str, float]] = {}  # size class -> (candidate, s per FLOP)
 
 
 def supports() -> bool:
@@ -118,7 +122,7 @@ def _conv_as_linear(graph, anchor, ep, out_shape, low=False):
                          weight.reshape(o, c).contiguous(), _rows_hint(h * w)))
     bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     attr, scalars, algorithm = _unary(ep)
-    op = torch.ops.mkldnn._linear_pointwise
+    op = torch.ops.mkldnn._linear_pointwise.default
 
     def gemm(x):
         rows = x.permute(0, 2, 3, 1).reshape(h * w, c)   # a view when x is channels-last
@@ -137,9 +141,14 @@ def _linear(graph, anchor, ep, out_shape, low=False):
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
         bias = _weight(graph, b, low).reshape(n).contiguous()
-    op = torch.ops.mkldnn._linear_pointwise
     if ep.binary is not None:
-        return lambda x, other: [_shaped(op(x, other.reshape(m, n), packed, bias, "add"), out_shape)]
+        # the overload named: torch resolves `_linear_pointwise(x, other, ...)` by first
+        # trying the unary schema, whose failure formats every tensor argument into an
+        # error message: 5 ms a call for a 200x768 input (torch 2.13), 6x the product
+        binary = torch.ops.mkldnn._linear_pointwise.binary
+        return lambda x, other: [_shaped(binary(x, other.reshape(m, n), packed, bias, "add"),
+                                         out_shape)]
+    op = torch.ops.mkldnn._linear_pointwise.default
     attr, scalars, algorithm = _unary(ep)
     return lambda x: [_shaped(op(x, packed, bias, attr, scalars, algorithm), out_shape)]
 
@@ -186,7 +195,7 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
                               bias, *geometry, "add", 1.0, unary, [], ""))]
         return conv_add
     attr, scalars, algorithm = _unary(ep)
-    op = torch.ops.mkldnn._convolution_pointwise
+    op = torch.ops.mkldnn._convolution_pointwise.default
 
     def conv(x):
         return [finish(op(to_2d(x), packed, bias, *geometry, attr, scalars, algorithm))]
@@ -202,34 +211,77 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
 
 
 KIND = "library-form"  # the tuning database's name for this decision
+# The same decision for a size class (`size_class`); its times are seconds per FLOP.
+CLASS_KIND = "library-form-by-size-class"
+_BY_SIZE_CLASS: ContextVar[bool] = ContextVar("opweave_library_by_size_class", default=False)
+
+
+@contextmanager
+def by_size_class():
+    """Within it, a signature never measured takes the form measured for its size class,
+    and its time scaled by its FLOPs: a graph compiled for many sizes (specializing.py)
+    measures each anchor once per class, not once per size (BERT-base spent 4-6 s of each
+    new size's compile measuring)."""
+    token = _BY_SIZE_CLASS.set(True)
+    try:
+        yield
+    finally:
+        _BY_SIZE_CLASS.reset(token)
+
+
+def _rounded(match: re.Match) -> str:
+    dims = [int(d) for d in match.group(1).split(",") if d]
+    return "[" + ",".join(str(d if d <= 2 else 1 << (d - 1).bit_length()) for d in dims) + "]"
+
+
+def size_class(key: tuple) -> tuple:
+    """A signature with every size rounded up to a power of two (1 and 2 kept): the
+    shapes between two powers of two share one measured choice."""
+    op, attrs, types, *rest = key
+    return (op, attrs, tuple(re.sub(r"\[([0-9,]*)\]", _rounded, t) for t in types), *rest)
 
 
 def _memo_key(key: tuple) -> tuple:
     return key, torch.get_num_threads()
 
 
-def measured(key: tuple) -> float | None:
+def _by_class(key: tuple, candidates, work: float) -> tuple[str, float] | None:
+    """The form recorded for `key`'s size class and its time scaled to `work` FLOPs."""
+    if not (_BY_SIZE_CLASS.get() and work > 0):
+        return None
+    memo = _memo_key(size_class(key))
+    recalled = _CLASS_CHOICES.get(memo) or tune.recall(CLASS_KIND, memo[0], candidates)
+    if recalled is None or recalled[0] not in candidates:
+        return None
+    _CLASS_CHOICES[memo] = recalled
+    return recalled[0], recalled[1] * work
+
+
+def measured(key: tuple, work: float = 0.0) -> float | None:
     """Seconds of the fastest form measured for this signature (in this process, or
-    recorded in the tuning database for this machine), if any."""
+    recorded in the tuning database for this machine), if any; within `by_size_class`,
+    its class's scaled to `work` FLOPs where the signature itself was never measured."""
     if _memo_key(key) in _CHOICES:
         return _CHOICES[_memo_key(key)][1]
-    recalled = tune.recall(KIND, key, _ANY)
+    recalled = tune.recall(KIND, key, _ANY) or _by_class(key, _ANY, work)
     return recalled[1] if recalled else None
 
 
 def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
-           rounds: int = 7) -> tuple[str, float]:
+           rounds: int = 7, work: float = 0.0) -> tuple[str, float]:
     """The faster candidate at these shapes and its best time: recorded in the tuning
     database for this machine, or measured by interleaved runs on random inputs and
     recorded (memoized per key for the process too). With a learned ranker stored for
     this machine (`opweave tune ranker`), only the forms it ranks first are measured.
+    Within `by_size_class`, a choice of the signature's size class serves, and a new
+    measurement is recorded for the class too (`work`: the anchor's FLOPs).
     The minimum, not the median: on a shared machine noise only adds time, and medians of
     7 runs picked an unfused convolution + ReLU over the fused one in a third of ResNet's
     groups."""
     memo = _memo_key(key)
     if memo in _CHOICES and _CHOICES[memo][0] in candidates:
         return _CHOICES[memo]
-    recalled = tune.recall(KIND, key, candidates)
+    recalled = tune.recall(KIND, key, candidates) or _by_class(key, candidates, work)
     if recalled is None:
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
@@ -237,6 +289,10 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
         best = min(samples, key=lambda name: min(samples[name]))
         tune.remember(KIND, key, best, samples)
         recalled = best, min(samples[best])
+        if _BY_SIZE_CLASS.get() and work > 0:
+            per_flop = {name: [t / work for t in times] for name, times in samples.items()}
+            tune.remember(CLASS_KIND, size_class(key), best, per_flop)
+            _CLASS_CHOICES[_memo_key(size_class(key))] = best, min(per_flop[best])
     _CHOICES[memo] = recalled
     return recalled
 

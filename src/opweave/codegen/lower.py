@@ -196,7 +196,7 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     key, candidates, ins, ep, inplace = _anchor_candidates(graph, ctx, group, nodes, outputs,
                                                            inplace, precision)
     if measure:
-        chosen, _ = library.choose(key, candidates, ins)
+        chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:
         chosen = "onednn" if "onednn" in candidates else "reference"
     kind = "library" if chosen.startswith("onednn") else "reference"
@@ -226,14 +226,21 @@ class _Leading:
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost)."""
     nodes = sorted(group, key=ctx.index.__getitem__)
+    work = _flops(nodes[0])
     known = library.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group),
-                                               precision))
+                                               precision), work)
     if known is not None:  # skip packing weights for a shape measured already
         return known
     outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
     key, candidates, ins, _, _ = _anchor_candidates(graph, ctx, group, nodes, outputs,
                                                     precision=precision)
-    return library.choose(key, candidates, ins)[1]
+    return library.choose(key, candidates, ins, work=work)[1]
+
+
+def _flops(anchor: Node) -> float:
+    """The anchor's arithmetic: what its measured time scales with across sizes."""
+    return float(anchor.opdef.cost([v.type for v in anchor.inputs],
+                                   [v.type for v in anchor.outputs], anchor.attrs).flops)
 
 
 def _build(pending, lowered: Lowered) -> None:

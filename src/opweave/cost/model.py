@@ -14,9 +14,9 @@ import math
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
-from ..ir import TensorType, registry
+from ..ir import TensorType, registry, symbols
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,7 @@ class Machine:
 CPU = Machine()
 FREE_OPS = frozenset({"input", "constant", "get"})
 _ACTIVE: ContextVar[Machine] = ContextVar("opweave_machine", default=CPU)
+_SIZES: ContextVar[Mapping[str, int] | None] = ContextVar("opweave_sizes", default=None)
 
 
 def active() -> Machine:
@@ -66,11 +67,31 @@ def using(machine: Machine):
         _ACTIVE.reset(token)
 
 
+@contextmanager
+def at_sizes(binding: Mapping[str, int]):
+    """Cost ops of symbolic sizes at `binding`: a graph compiled once for many sizes is
+    rewritten for the sizes it was first called with, as torch uses its example sizes as
+    hints. Without it, a symbolic size has no estimate (SymbolError)."""
+    token = _SIZES.set(dict(binding))
+    try:
+        yield
+    finally:
+        _SIZES.reset(token)
+
+
 def node_seconds(op: str, inputs: Sequence[TensorType], outputs: Sequence[TensorType],
                  attrs: dict, machine: Machine | None = None) -> float:
     """Estimated seconds one op takes; leaves (inputs, constants) are free."""
     if op in FREE_OPS:
         return 0.0
+    if not all(t.is_static for t in (*inputs, *outputs)):
+        sizes = _SIZES.get()
+        if sizes is None:
+            raise symbols.SymbolError(f"{op} has symbolic sizes and no sizes to cost it at "
+                                      f"(cost.at_sizes)")
+        inputs = [t.substitute(sizes) for t in inputs]
+        outputs = [t.substitute(sizes) for t in outputs]
+        attrs = {k: symbols.substitute(a, sizes) for k, a in attrs.items()}
     machine = machine or active()
     opdef = registry.get(op)
     if opdef.is_view:

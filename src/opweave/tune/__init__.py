@@ -60,14 +60,27 @@ def workload(kind: str, key) -> tuple[str, str]:
     return hashlib.sha256(text.encode()).hexdigest()[:32], text
 
 
+# The revision of the forms each kind of decision compares: a record made at an older
+# one (its config's "revision", 1 where absent) is measured again, and not learned from.
+# library-form 2: until then a linear layer with a residual add called its oneDNN form
+# through torch's overload resolution, which cost 5 ms a call, so nearly every such
+# record chose the reference form.
+REVISIONS = {"library-form": 2, "library-form-by-size-class": 2}
+
+
+def is_current(record: Record) -> bool:
+    """Whether `record` was measured on the forms its kind compares today."""
+    return record.config.get("revision", 1) >= REVISIONS.get(record.kind, 1)
+
+
 def recall(kind: str, key, candidates, db: TuningDB | None = None) -> tuple[str, float] | None:
-    """The recorded choice for this workload on this machine, if it is still one of the
-    `candidates`; None when it must be measured."""
+    """The recorded choice for this workload on this machine, if it is current and still
+    one of the `candidates`; None when it must be measured."""
     db = db or active()
     if db is None:
         return None
     record = db.get(kind, workload(kind, key)[0], target_id(describe()))
-    if record is None or record.config.get("form") not in candidates:
+    if record is None or not is_current(record) or record.config.get("form") not in candidates:
         return None
     return record.config["form"], record.seconds
 
@@ -80,9 +93,12 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
     descriptor = describe()
     wid, text = workload(kind, key)
     seconds = min(samples[chosen])
-    db.put(Record(kind, wid, target_id(descriptor), text, {"form": chosen}, seconds,
-                  samples), descriptor)
+    config = {"form": chosen}
+    if kind in REVISIONS:
+        config["revision"] = REVISIONS[kind]
+    db.put(Record(kind, wid, target_id(descriptor), text, config, seconds, samples), descriptor)
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "recall", "remember", "shortlist", "workload", "DEFAULT", "default_path"]
+           "active", "is_current", "recall", "remember", "REVISIONS", "shortlist", "workload",
+           "DEFAULT", "default_path"]

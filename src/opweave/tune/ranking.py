@@ -85,7 +85,9 @@ def train(db: TuningDB, folds: int = 5, top_k: int | None = None,
     from ..cost.learned import Ranker, cross_validate, examples
 
     start = time.perf_counter()
-    batch = examples(db.records(), db.targets())
+    from . import is_current
+
+    batch = examples([r for r in db.records() if is_current(r)], db.targets())
     if len({e.group for e in batch}) < 2 * folds:
         raise ValueError(f"{db.path} holds {len({e.group for e in batch})} record(s) with two or "
                          f"more measured forms; {2 * folds} at least are needed to train and "

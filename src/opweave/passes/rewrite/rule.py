@@ -149,7 +149,14 @@ class Rule:
     def apply(self, b: Builder, m: Match) -> list[int]:
         """The replacement class per root; raises Reject when the rule does not apply or
         the replacement's type differs from the root's."""
-        out = self.rhs(b, m)
+        try:
+            out = self.rhs(b, m)
+        except TypeError as err:
+            # a side condition over symbolic sizes that sympy cannot decide (`s0 <= 64`,
+            # `range(s0)`, `float(s0)`): the rule does not apply for every size
+            if not b.store.symbolic:
+                raise
+            raise Reject(f"rule {self.name} needs concrete sizes: {err}") from None
         outs = [out] if isinstance(out, int) else list(out)
         if len(outs) != len(m.roots):
             raise AssertionError(f"rule {self.name} built {len(outs)} values for {len(m.roots)} roots")

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable, Mapping, Union
 import torch
 
 from ...ir import Graph, TensorType
+from ...ir.specialize import graph_symbols
 from ... import shared_constants
 
 Attrs = tuple[tuple[str, Any], ...]
@@ -81,6 +82,7 @@ class Store:
     # constant -> (dim, the constants it concatenates along dim): a folded cat of cats is
     # one constant whatever the nesting, and merges can tell weights they already hold
     cat_parts: dict[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    symbolic: bool = False  # some class has symbolic sizes (ir.symbols)
     _ids: Any = field(default_factory=itertools.count)
     _uids: Any = field(default_factory=itertools.count)
 
@@ -242,6 +244,7 @@ def from_graph(graph: Graph, store: Store | None = None) -> TermDag:
     store = store or Store()
     dag = TermDag(store)
     cls: dict[Any, int] = {}
+    store.symbolic = store.symbolic or bool(graph_symbols(graph))
     for i, value in enumerate(graph.inputs):
         cls[value] = dag.add(ENode("input", (("index", i),)), value.type)
         dag.inputs.append(cls[value])

@@ -1,7 +1,7 @@
 """Constant folding and identity elimination."""
 from __future__ import annotations
 
-from ....ir import registry
+from ....ir import registry, symbols
 from ._helpers import (F32, Const, X, Y, any_op, attrs_of, example, filled_with, op,
                        rand, require, rule, same, torch)
 
@@ -22,6 +22,8 @@ def fold_constants(b, m):
     require(not opdef.is_random, "random op")
     out = b.type(m.root)
     require(not isinstance(out, tuple), "several outputs")
+    require(out.is_static and not symbols.free_symbols(attrs_of(node).values()),
+            "symbolic sizes (folding computes the data)")
     names = tuple(b.constant_name(c) for c in node.children)
     require(all(n is not None for n in names), "an input is not constant")
     size = sum(b.type(c).numel for c in node.children)
