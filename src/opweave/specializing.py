@@ -14,6 +14,7 @@ each new size costs its kernels and buffers, not another copy of the weights.
 """
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from typing import Mapping, Sequence
 
@@ -23,7 +24,9 @@ from .ir import Graph, symbols
 from .ir.specialize import binding_of, graph_symbols, specialize
 from .ir.symbols import SymbolError
 from .options import Options
-from .pipeline import CompiledGraph, PreparedGraph, compile_graph, lower_prepared, prepare_graph
+from .passes.fold import fold_constants
+from .pipeline import (CompiledGraph, PassReport, PreparedGraph, compile_graph, lower_prepared,
+                       prepare_graph)
 from .runtime.memory_plan import symbolic_peak
 
 # Plans kept per symbolic graph: BERT served at 8 sequence lengths and 4 batch sizes is 32.
@@ -86,12 +89,19 @@ class SymbolicGraph:
             except Exception as err:  # noqa: BLE001  (the per-binding pipeline still works)
                 self.per_binding = f"{type(err).__name__}: {err}"
         if self._prepared is not None:
+            start = time.perf_counter()
             try:
                 concrete = specialize(self._prepared.graph, binding)
             except SymbolError:
                 concrete = None  # the original decides: a SymbolError, or every pass below
             if concrete is not None:
-                return lower_prepared(self._prepared, concrete)
+                # what the sizes made constant (embeddings of the sequence's positions)
+                folded, count = fold_constants(concrete)
+                report = PassReport("fold", time.perf_counter() - start, len(concrete.nodes),
+                                    len(folded.nodes), f"{count} node(s) constant at these sizes")
+                plan = lower_prepared(self._prepared, folded)
+                plan.reports.insert(len(self._prepared.reports), report)
+                return plan
         return compile_graph(specialize(self.graph, binding), self.options)
 
     def __call__(self, *tensors, given: Mapping[str, int] | None = None):

@@ -1,7 +1,7 @@
 """The rewrite pass on a graph of symbolic sizes, which specializing.py runs once for every
 size: ops are costed at the sizes given (`cost.at_sizes`), a rule whose side condition
 sympy cannot decide refuses, and the rewritten graph computes what the original does at
-every binding, sizes of 1 included."""
+every binding, sizes of 1 included; once specialized, what the sizes made constant folds."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -13,6 +13,7 @@ from opweave import cost
 from opweave.ir import Graph, TensorType
 from opweave.ir.specialize import specialize
 from opweave.ir.symbols import SymbolError, symbol
+from opweave.passes.fold import fold_constants
 from opweave.passes.rewrite.pipeline import rewrite
 from opweave.passes.rewrite.rule import RULES, Builder, Reject
 from opweave.passes.rewrite.term import Store, from_graph
@@ -88,3 +89,24 @@ def test_an_undecidable_side_condition_refuses_only_over_symbolic_sizes():
         odd.apply(builder(_graph()), None)
     with pytest.raises(TypeError):
         odd.apply(builder(specialize(_graph(), {"s0": 2, "s1": 3})), None)
+
+
+def test_specialized_values_of_the_sizes_fold_and_views_of_weights_stay_views():
+    """A slice of a constant table to a symbolic length (BERT's position ids), and the rows
+    it selects, become constants once the length is known; a weight's transposed view
+    stays a view (folding it would copy the weight into every plan)."""
+    torch.manual_seed(0)
+    g = Graph("positions")
+    x = g.add_input("x", TensorType((S0, 8), F32))
+    ids = g.add_constant("ids", torch.arange(16))
+    table = g.add_constant("table", torch.randn(16, 8))
+    weight = g.add1("permute", [g.add_constant("w", torch.randn(8, 8))], {"dims": [1, 0]})
+    positions = g.add1("index_select", [table, g.add1("slice", [ids], {
+        "dim": 0, "start": 0, "end": S0, "step": 1})], {"dim": 0})
+    g.outputs = [g.add1("matmul", [g.add1("add", [x, positions]), weight])]
+    concrete = specialize(g, {"s0": 5})
+    folded, count = fold_constants(concrete)
+    assert count == 1 and [n.op for n in folded.nodes if n.op != "constant"] == \
+        ["permute", "add", "matmul"]
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(Executor(folded)(x)[0], Executor(concrete)(x)[0])
