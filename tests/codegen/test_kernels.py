@@ -236,12 +236,12 @@ def test_large_kernel_runs_on_threads_and_matches():
 
 def test_mlp_block_kernel_counts():
     """A fusion regression changes these counts: two library calls with post-ops (bias and
-    GELU; bias and the residual add) and the layer norm; the rest are views."""
+    GELU; bias and the residual add) and the layer norm; the rest is a view (the weights'
+    transposed views are held packed by the library calls: no step computes them)."""
     lowered = _check(mlp_block(), torch.randn(1, 16, 32), atol=1e-4, rtol=1e-4)
     assert [s.name for s in lowered.steps if s.kind != "op"] == [
         "matmul+add+gelu", "matmul+add+reshape+add"]
-    assert [s.name for s in lowered.steps if s.kind == "op"] == [
-        "reshape", "permute", "permute", "layer_norm"]
+    assert [s.name for s in lowered.steps if s.kind == "op"] == ["reshape", "layer_norm"]
 
 
 def test_stacked_blocks_share_one_kernel_source():

@@ -154,6 +154,20 @@ def test_a_linear_with_a_residual_calls_its_overload_directly(monkeypatch):
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
 
 
+def test_the_weight_view_a_library_form_holds_packed_is_computed_by_no_step():
+    """A linear layer's weight is a transposed view of a constant (the layout pass's form);
+    the library form holds it packed, so no step computes the view on each call. The
+    reference form reads the view, so there it stays."""
+    g = Graph("lin")
+    x = g.add_input("x", TensorType((6, 24), F32))
+    g.outputs = [g.add1("relu", [linear(g, x, 24, 40, "fc")])]
+    lowered = lower(g, "ilp", measure=False)
+    assert [s.kind for s in lowered.steps] == ["library"]
+    assert [v.name for v in lowered.steps[0].inputs] == ["x"]
+    inputs = torch.randn(6, 24)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(inputs)[0], Executor(g)(inputs)[0])
+
+
 def test_pointwise_conv_as_gemm_matches():
     g = Graph("c1x1")
     x = g.add_input("x", TensorType((1, 16, 5, 7), F32))
