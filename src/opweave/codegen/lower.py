@@ -146,7 +146,7 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
 
 def _drop_unread(lowered: Lowered, graph: Graph) -> None:
     """Remove the steps whose values no later step reads and the caller does not get: the
-    transposed views of weights that library forms hold packed (BERT-base: 49 of its 311
+    transposed views of weights that library forms hold packed (BERT-base: 49 of its 309
     steps, each a dispatch on every call)."""
     read = set(graph.outputs)
     kept = []
