@@ -93,8 +93,8 @@ class SymbolicGraph:
             try:
                 concrete = specialize(self._prepared.graph, binding)
             except SymbolError:
-                concrete = None  # the original decides: a SymbolError, or every pass below
-            if concrete is not None:
+                pass  # the original decides below: a SymbolError, or every pass per binding
+            else:
                 # what the sizes made constant (embeddings of the sequence's positions)
                 folded, count = fold_constants(concrete)
                 report = PassReport("fold", time.perf_counter() - start, len(concrete.nodes),
