@@ -222,7 +222,8 @@ def _memory_curve(args) -> int:
     rows = []
     for name in args.models or ["bert-base", "vit-b16"]:
         rows += memory_curve.measure(name, args.batch, args.fractions, runs=args.runs,
-                                     warmup=min(args.warmup, 1), small=args.small)
+                                     warmup=min(args.warmup, 1), small=args.small,
+                                     threads=args.threads)
         print(memory_curve.table(rows), flush=True)
     return 0
 

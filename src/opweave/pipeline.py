@@ -134,6 +134,7 @@ class PassRun:
         from .codegen import FusionWarning, lower
         from .codegen.report import partition_report
 
+        masks = self._hoist_masks(graph) if self.options.memory_budget is not None else ()
         start, size = time.perf_counter(), len(graph.nodes)
         precision = self.options.precision
         if self.options.fusion == "off":
@@ -150,7 +151,7 @@ class PassRun:
             with tune.using(tune.open_db(self.options.tuning_db)):
                 lowered = lower(graph, self.options.fusion, measure=self.options.measure,
                                 ilp_seconds=self.options.partition_seconds,
-                                precision=precision)
+                                precision=precision, apart=frozenset(masks))
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",
@@ -170,6 +171,20 @@ class PassRun:
             self._write("partition.txt", partition_report(lowered))
             self._write("kernels.cpp", "\n".join(s.body for s in lowered.sources))
         return executor
+
+    def _hoist_masks(self, graph: Graph) -> list:
+        """Under a memory budget, activations the backward only compares with a constant
+        are kept as masks (schedule/remat/masks.py), each computed on its own so that no
+        fused kernel takes it back to the backward; the planner weighs them like any
+        value. Returns the comparisons moved."""
+        from .schedule.remat.masks import hoist_masks
+
+        start = time.perf_counter()
+        moved = hoist_masks(graph)
+        self._record(PassReport("masks", time.perf_counter() - start, len(graph.nodes),
+                                len(graph.nodes), f"{len(moved)} comparison(s) moved up to "
+                                "keep masks instead of the values they compare"), graph)
+        return moved
 
     def _rematerialized(self, graph: Graph, steps: list) -> list:
         """The steps in the order the memory budget asks for, recomputations included

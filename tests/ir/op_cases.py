@@ -354,6 +354,24 @@ def attention_case(draw):
 
 
 @st.composite
+def attention_lse_case(draw):
+    """The same draws, and the logsumexp of each row of the masked, scaled scores."""
+    case = draw(attention_case())
+
+    def eager(q, k, v, mask=None):
+        scores = (q @ k.transpose(-1, -2)) * case.attrs["scale"]
+        if case.attrs["causal"]:
+            keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+            scores = scores.masked_fill(~keep, float("-inf"))
+        if mask is not None and mask.dtype == torch.bool:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        elif mask is not None:
+            scores = scores + mask
+        return case.eager(q, k, v, mask), torch.logsumexp(scores, -1)
+    return Case(case.inputs, case.attrs, eager)
+
+
+@st.composite
 def pool_params(draw):
     kernel = [draw(st.integers(1, 3)) for _ in range(2)]
     stride = [draw(st.integers(1, 3)) for _ in range(2)]
@@ -546,6 +564,7 @@ CASES = {
     "slice": slice_case(), "cat": cat_case(),
     "matmul": matmul_case(), "conv": conv_case(), "conv_backward": conv_backward_case(),
     "sparse_mm": sparse_mm_case(), "attention": attention_case(),
+    "attention_lse": attention_lse_case(),
     "max_pool2d": max_pool_case(), "max_pool2d_backward": max_pool_backward_case(),
     "adaptive_max_pool2d": adaptive_case(), "adaptive_max_pool2d_backward": adaptive_backward_case(),
     "dropout": dropout_case(),

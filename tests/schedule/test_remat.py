@@ -111,6 +111,45 @@ def test_random_steps_are_never_recomputed_and_gradients_follow_the_same_masks()
     _assert_same_step(model, free, bounded, inputs, seed=7)
 
 
+class ReluDropout(torch.nn.Module):
+    """Linear, ReLU, dropout blocks: the next linear keeps dropout's output for its weight
+    gradient, so each ReLU output is kept only for its backward's `le(relu, 0)`."""
+
+    def __init__(self, width=256, depth=4):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(
+            torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Dropout(0.5))
+            for _ in range(depth)])
+        self.head = torch.nn.Linear(width, 10)
+
+    def forward(self, x, y):
+        return F.cross_entropy(self.head(self.blocks(x)), y)
+
+
+def test_relu_outputs_the_backward_only_compares_are_kept_as_masks(monkeypatch):
+    from opweave.schedule.remat import masks
+
+    torch.manual_seed(0)
+    model, inputs = ReluDropout().train(), _inputs(512, 256)
+    hoisted = opweave.compile(model, inputs, train=True, options=OPTIONS, memory_budget=1.0)
+    monkeypatch.setattr(masks, "hoist_masks", lambda graph: [])
+    kept = opweave.compile(model, inputs, train=True, options=OPTIONS, memory_budget=1.0)
+    graph = _graph(hoisted)
+    steps = graph.executor.lowered.steps
+    alone = [i for i, s in enumerate(steps) if [n.op for n in s.nodes] == ["le"]]
+    assert len(alone) == 4, "each block's mask is computed on its own, in the forward"
+    relus = [i for i, s in enumerate(steps) if any(n.op == "relu" for n in s.nodes)]
+    assert all(any(r < m <= r + 1 for r in relus) for m in alone)
+    # four float32 ReLU outputs of 512 KiB become four one-byte masks of 128 KiB
+    peak, before = remat.planned_peak(graph), remat.planned_peak(_graph(kept))
+    assert before - peak >= 4 * 384 * 1024 * 0.9, (before, peak)
+    hoisted(*inputs)
+    with torch.no_grad():
+        measured = peak_allocated_during(lambda: hoisted(*inputs))
+    assert abs(measured - peak) <= 0.1 * peak, (measured, peak)
+    _assert_same_step(model, hoisted, kept, inputs, seed=3)
+
+
 def test_budget_below_every_schedule_is_refused_with_a_budget_that_is_met():
     torch.manual_seed(0)
     model = Residual(width=64, depth=3)

@@ -29,15 +29,6 @@ def peak_rss_during(fn: Callable[[], object]) -> int | None:
     return _status_kib("VmHWM") * 1024
 
 
-def rss_growth_during(fn: Callable[[], object]) -> int | None:
-    """How far this process's resident set rose above its size at the start while `fn()`
-    ran (bytes; None where the peak cannot be reset). Memory the allocator kept from
-    earlier calls is reused without growing it, so this is at most the call's need."""
-    before = _status_kib("VmRSS") * 1024
-    peak = peak_rss_during(fn)
-    return None if peak is None else max(0, peak - before)
-
-
 def peak_allocated_during(fn: Callable[[], object]) -> int:
     """Peak bytes of the tensors `fn()` allocates, as PyTorch's CPU allocator reports them
     to the profiler: the running sum of its allocations, less those it frees again. A

@@ -5,16 +5,14 @@ through transformers' `gradient_checkpointing_enable`) and Inductor's default
 
 `opweave bench --memory --models bert-base vit-b16 --batch 2 --fractions 1.0 0.6 0.4`
 
-Every configuration runs one step per round, rounds interleaved; the time is the median.
-Peak memory is measured on a step of its own: the allocator's peak (profiler allocation
-events: the tensors the step makes, gradients included) and how far the process's RSS
-rose during it (every configuration shares one process, so its absolute RSS would be
-everyone's weights; memory glibc kept from earlier steps is reused without showing).
+Each configuration runs in a fresh process of its own, one after another: its steps'
+median time, then, on a step of its own, the allocator's peak (profiler allocation
+events: the tensors the step makes, gradients included) and the process's peak RSS
+during a step (weights, runtime and whatever glibc keeps included: what a user sees).
 opweave's predicted peak is the plan's.
 """
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 import warnings
@@ -23,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from .memory import peak_allocated_during, rss_growth_during
+from .memory import peak_allocated_during, peak_rss_during
 
 BERT_SEQ = 512
 
@@ -34,7 +32,7 @@ class Row:
     config: str
     seconds: float
     allocated: int            # the allocator's peak during a step, bytes
-    rss: int | None           # how far the process's RSS rose during a step, bytes
+    rss: int | None           # the peak RSS of the configuration's process during a step, bytes
     predicted: int | None = None  # opweave: the plan's peak (one graph only)
     plan_seconds: float | None = None  # opweave: the compile, planning included
 
@@ -49,7 +47,7 @@ class Row:
 
 
 HEADER = ("| model | configuration | step (ms) | time vs eager | allocator peak (MiB) | "
-          "plan's peak (MiB) | RSS growth (MiB) | compile (s) |\n"
+          "plan's peak (MiB) | peak RSS (MiB) | compile (s) |\n"
           "|---|---|---:|---:|---:|---:|---:|---:|")
 
 
@@ -85,54 +83,91 @@ def _checkpointed(module):
     return module
 
 
+CHECKPOINTED = "checkpoint every block"
+
+
+def configurations(fractions) -> list[tuple[str, float | None]]:
+    """(label, budget fraction or None) for each configuration of one model."""
+    opweave = [("opweave" if f >= 1.0 else f"opweave budget {f:.0%}", f) for f in fractions]
+    return [("eager", None), (CHECKPOINTED, None), ("inductor", None), *opweave]
+
+
 def measure(name: str, batch: int, fractions, runs: int, warmup: int = 1,
-            small: bool = False) -> list[Row]:
-    """One model's rows: eager, per-block checkpointing, Inductor, opweave per budget."""
+            small: bool = False, threads: int | None = None) -> list[Row]:
+    """One model's rows: eager, per-block checkpointing, Inductor, opweave per budget.
+
+    Each configuration runs in a process of its own, one after another: in one process
+    BERT-base at batch 8 was killed at 24 GiB, the configurations' weights, plans and the
+    memory glibc kept from each one's steps adding up. So the peak RSS is each
+    configuration's own, and its times are not interleaved with the others'."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    threads = threads or torch.get_num_threads()
+    rows = []
+    for label, fraction in configurations(fractions):
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            row, message = pool.submit(measure_configuration, name, batch, label, fraction,
+                                       runs, warmup, small, threads).result()
+        if message:
+            print(f"{name}: {label}: {message}", flush=True)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def measure_configuration(name: str, batch: int, label: str, fraction: float | None,
+                          runs: int, warmup: int, small: bool,
+                          threads: int) -> tuple[Row | None, str]:
+    """One configuration's row, in this process (`measure` runs it in a fresh one), and a
+    note. A budget no schedule meets is measured at the smallest peak found instead (no
+    row when that too is refused)."""
     from ..frontends.torch_export import compile as opweave_compile
     from ..runtime import native
     from ..schedule.remat import MemoryBudgetError, planned_peak
 
+    torch.set_num_threads(threads)
     module, inputs = build(name, batch, small)
-    steps: dict[str, Callable[[], None]] = {"eager": _eager_step(module, inputs)}
-    extra: dict[str, dict] = {}
+    extra: dict = {}
+    message = ""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        steps["inductor"] = _eager_step(torch.compile(module), inputs)
-        steps["inductor"]()  # compile outside the measurement
-        for fraction in fractions:
-            label = "opweave" if fraction >= 1.0 else f"opweave budget {fraction:.0%}"
+        if label == "eager":
+            step = _eager_step(module, inputs)
+        elif label == CHECKPOINTED:
+            step = _eager_step(_checkpointed(module), inputs)
+        elif label == "inductor":
+            step = _eager_step(torch.compile(module), inputs)
+        else:
             start = time.perf_counter()
+            budget = None if fraction >= 1.0 else fraction
             try:
                 compiled = opweave_compile(module, inputs, name=name, train=True,
-                                           memory_budget=None if fraction >= 1.0 else fraction)
-            except MemoryBudgetError as err:
-                print(f"{name}: {label}: {err}")
-                continue
-            compile_seconds = time.perf_counter() - start
+                                           memory_budget=budget)
+            except MemoryBudgetError as err:  # the curve goes down to the smallest feasible
+                label = f"opweave budget {err.smallest / err.unconstrained:.0%} (smallest)"
+                try:
+                    compiled = opweave_compile(module, inputs, name=name, train=True,
+                                               memory_budget=err.smallest)
+                except MemoryBudgetError as again:  # lowered to other steps this time
+                    return None, f"{err}; and at that peak: {again}"
+                message = f"{err}; measured at that smallest peak instead"
             graphs = compiled.programs[True].compiled_graphs
-            peaks = [planned_peak(g) for g in graphs]
-            extra[label] = {"predicted": peaks[0] if len(graphs) == 1 else None,
-                            "plan_seconds": compile_seconds}
-            steps[label] = _compiled_step(module, compiled, inputs)
-    # per-block checkpointing changes the module it is enabled on: a copy of its own
-    steps["checkpoint every block"] = _eager_step(_checkpointed(copy.deepcopy(module)), inputs)
-
-    times: dict[str, list[float]] = {k: [] for k in steps}
-    for label, step in steps.items():  # opweave's native plan takes over at the third call
-        for _ in range(warmup + (native.RECORD_AT_CALL if label.startswith("opweave") else 0)):
+            extra = {"predicted": planned_peak(graphs[0]) if len(graphs) == 1 else None,
+                     "plan_seconds": time.perf_counter() - start}
+            step = _compiled_step(module, compiled, inputs)
+        # compiling happens at the first call; opweave's native plan takes over at the third
+        for _ in range(max(warmup, 1) + (native.RECORD_AT_CALL if label.startswith("opweave")
+                                         else 0)):
             step()
-    for _ in range(runs):
-        for label, step in steps.items():
+        times = []
+        for _ in range(runs):
             start = time.perf_counter()
             step()
-            times[label].append(time.perf_counter() - start)
-    rows = []
-    for label, step in steps.items():
+            times.append(time.perf_counter() - start)
         allocated = peak_allocated_during(step)
-        rss = rss_growth_during(step)
-        rows.append(Row(name, label, statistics.median(times[label]), allocated, rss,
-                        **extra.get(label, {})))
-    return rows
+        rss = peak_rss_during(step)
+    return Row(name, label, statistics.median(times), allocated, rss, **extra), message
 
 
 def _compiled_step(module, compiled, inputs) -> Callable[[], None]:

@@ -99,11 +99,13 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
 
 
 def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
-          ilp_seconds: float = 2.0, precision: str = "fp32") -> Lowered:
+          ilp_seconds: float = 2.0, precision: str = "fp32",
+          apart: frozenset[Node] = frozenset()) -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
     form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
-    products, convolutions and attention on bfloat16 operands (codegen/precision.py)."""
+    products, convolutions and attention on bfloat16 operands (codegen/precision.py).
+    Nodes in `apart` are fused with nothing (masks the memory budget keeps)."""
     if mode == "off":
         steps = [op_step(n, precision) for n in graph.nodes if n.op != "constant"]
         if precision != "fp32":
@@ -111,7 +113,8 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
         return Lowered(steps, None)
     measured = ((lambda ctx, g: measured_anchor_seconds(graph, ctx, g, precision))
                 if measure else None)
-    part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured)
+    part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured,
+                     apart=apart)
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []

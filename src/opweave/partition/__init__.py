@@ -73,15 +73,15 @@ def clear_cache() -> None:
 
 
 def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 2.0,
-              anchor_seconds=None) -> Partition:
+              anchor_seconds=None, apart: frozenset[Node] = frozenset()) -> Partition:
     """Groups of `graph` that run as one kernel, given what the code generator can fuse
     (`fusible`). `anchor_seconds(ctx, group)`, if given, is the measured time of a group
     holding a library call (codegen measures the candidates per shape); otherwise the
-    roofline."""
+    roofline. Nodes in `apart` are fused with nothing."""
     if method not in METHODS:
         raise ValueError(f"unknown partitioner {method!r}; choose one of {METHODS}")
     start = time.perf_counter()
-    ctx = Context(graph, fusible, anchor_seconds)
+    ctx = Context(graph, fusible, anchor_seconds, apart)
     adj = neighbours(ctx)
     comps = components(ctx, adj)
     group_of: dict[Node, frozenset[Node]] = {}

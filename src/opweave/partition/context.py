@@ -10,7 +10,8 @@ class Context:
     """Per-graph tables. Reachability is kept as Python ints used as bitsets over node
     positions, so a group's convexity test is a few big-integer operations."""
 
-    def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None):
+    def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None,
+                 apart: frozenset[Node] = frozenset()):
         self.graph = graph
         self.fusible = fusible
         self.anchor_seconds = anchor_seconds
@@ -20,6 +21,8 @@ class Context:
         self.reason: dict[Node, str] = {}
         for n in self.nodes:
             self.role[n], self.reason[n] = classify(graph, n, fusible)
+        for n in apart:  # its result must exist on its own (a mask kept for the backward)
+            self.role[n], self.reason[n] = Role.OPAQUE, "kept apart: its result is kept"
         self.users: dict[Value, list[Node]] = {}
         for n in graph.nodes:
             for v in n.inputs:

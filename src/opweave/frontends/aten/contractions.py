@@ -161,27 +161,23 @@ def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dil
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
 def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, attn_mask=None,
                      scale=None):
-    """The IR's fused `attention` when only the output is read (inference): torch's CPU
-    kernel never holds the [seq, seq] scores, and measured faster than the math form at
-    every size tried (BERT's 128 tokens: 1.6 vs 3.4 ms; Whisper's 1500 frames: 53 vs 204
-    ms per layer, one thread). When the logsumexp is read too (a training graph's backward
-    reads it), the math form, which also gives it."""
+    """The IR's fused `attention`: torch's CPU kernel never holds the [seq, seq] scores,
+    and measured faster than the math form at every size tried (BERT's 128 tokens: 1.6 vs
+    3.4 ms; Whisper's 1500 frames: 53 vs 204 ms per layer, one thread). When the logsumexp
+    is read too (a training graph's backward reads it), `attention_lse`, the same kernel
+    with both outputs. (It was the math form: the rewrite's common-subexpression
+    elimination then merged the backward's recomputed scores with the forward's, and
+    BERT-base's joint step kept every layer's [heads, seq, seq] scores from the forward to
+    the backward: 156 of its 476 MiB at batch 1, sequence 512.)"""
     q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
     if dropout_p != 0.0:
         raise Unsupported("attention dropout")
+    scale = scale if scale is not None else q.type.shape[-1] ** -0.5
+    inputs = [q, k, v] + ([ctx.value(attn_mask)] if attn_mask is not None else [])
+    attrs = {"scale": float(scale), "causal": bool(is_causal)}
     if not _reads_output(ctx.node, 1):
-        scale = scale if scale is not None else q.type.shape[-1] ** -0.5
-        inputs = [q, k, v] + ([ctx.value(attn_mask)] if attn_mask is not None else [])
-        return [ctx.add1("attention", inputs, {"scale": float(scale), "causal": bool(is_causal)}),
-                None]
-    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
-    peak = ctx.add1("amax", [scores], {"dims": [3], "keepdim": True})
-    shifted = ctx.add1("exp", [ctx.add1("sub", [scores, peak])])
-    total = ctx.add1("sum", [shifted], {"dims": [3], "keepdim": True})
-    probs = ctx.add1("div", [shifted, total])
-    out = ctx.add1("matmul", [probs, v])
-    logsumexp = ctx.add1("add", [ctx.add1("log", [total]), peak])
-    return [out, reshape(ctx, logsumexp, _shape(logsumexp)[:3])]
+        return [ctx.add1("attention", inputs, attrs), None]
+    return ctx.add("attention_lse", inputs, attrs)
 
 
 def _reads_output(node, index: int) -> bool:

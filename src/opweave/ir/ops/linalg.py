@@ -63,6 +63,13 @@ def _attention(q, k, v, mask=None, *, scale, causal):
     """softmax(scale * q k^T + mask) v, with a causal and a bool (keep) or additive mask:
     torch's fused CPU attention kernel, which never holds the [seq, seq] scores (at
     Whisper's 1500 frames the math form took 4x as long)."""
+    return _attention_lse(q, k, v, mask, scale=scale, causal=causal)[0]
+
+
+def _attention_lse(q, k, v, mask=None, *, scale, causal):
+    """The attention and the logsumexp of each row of its masked, scaled scores (what a
+    training step's backward recomputes the probabilities from), both from the fused
+    kernel."""
     if mask is not None and mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
     if 0 in q.shape[1:3] or k.shape[2] == 0:
@@ -77,8 +84,9 @@ def _attention(q, k, v, mask=None, *, scale, causal):
         q, scale = -q, -scale
     if mask is not None and mask.stride(-1) != 1:
         mask = mask.contiguous()
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)[0]
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+        q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
+    return out, lse.contiguous()  # the kernel lays it out [batch, seq, heads]
 
 
 def _attention_math(q, k, v, mask, scale, causal):
@@ -89,13 +97,28 @@ def _attention_math(q, k, v, mask, scale, causal):
         scores = scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
         scores = scores + mask
-    return torch.softmax(scores, dim=-1) @ v
+    lse = torch.logsumexp(scores, dim=-1).to(_lse_dtype(q.dtype))
+    return torch.softmax(scores, dim=-1) @ v, lse
 
 
+def _lse_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The fused kernel's logsumexp: float32 for half-precision operands."""
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def _attention_flops(ins, outs, attrs):
+    return 2 * ins[0].numel * ins[1].shape[2] + 2 * outs[0].numel * ins[1].shape[2]
+
+
+ATTENTION_ATTRS = {"scale": Attr("float"), "causal": Attr("bool", False)}
 define("attention", None, MANY, _attention_shape, _attention_dtype, _attention,
-       attrs={"scale": Attr("float"), "causal": Attr("bool", False)},
-       flops=lambda ins, outs, a: 2 * ins[0].numel * ins[1].shape[2]
-       + 2 * outs[0].numel * ins[1].shape[2])
+       attrs=ATTENTION_ATTRS, flops=_attention_flops)
+# A training step's forward: the backward reads the logsumexp, and with it recomputes the
+# probabilities instead of keeping [seq, seq] of them from the forward.
+define("attention_lse", None, MANY,
+       lambda ins, a: [*_attention_shape(ins, a), ins[0].shape[:3]],
+       lambda ins, a: [*_attention_dtype(ins, a), _lse_dtype(ins[0].dtype)],
+       _attention_lse, attrs=ATTENTION_ATTRS, flops=_attention_flops)
 
 
 def _conv_out_size(size, kernel, stride, pad, dilation):
