@@ -341,16 +341,21 @@ def attention_case(draw):
         inputs.append(tensor(mask_shape, dtype))
 
     def eager(q, k, v, mask=None):
-        scores = (q @ k.transpose(-1, -2)) * attrs["scale"]
-        if attrs["causal"]:
-            scores = scores.masked_fill(~torch.ones(length, source, dtype=torch.bool).tril(),
-                                        float("-inf"))
-        if mask is not None and mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        elif mask is not None:
-            scores = scores + mask
-        return torch.softmax(scores, -1) @ v
+        return torch.softmax(_masked_scores(q, k, mask, attrs), -1) @ v
     return Case(inputs, attrs, eager)
+
+
+def _masked_scores(q, k, mask, attrs):
+    """scale * q k^T with the causal (top-left) and the bool (keep) or additive mask."""
+    scores = (q @ k.transpose(-1, -2)) * attrs["scale"]
+    if attrs["causal"]:
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        scores = scores.masked_fill(~keep, float("-inf"))
+    if mask is not None and mask.dtype == torch.bool:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    elif mask is not None:
+        scores = scores + mask
+    return scores
 
 
 @st.composite
@@ -359,15 +364,8 @@ def attention_lse_case(draw):
     case = draw(attention_case())
 
     def eager(q, k, v, mask=None):
-        scores = (q @ k.transpose(-1, -2)) * case.attrs["scale"]
-        if case.attrs["causal"]:
-            keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
-            scores = scores.masked_fill(~keep, float("-inf"))
-        if mask is not None and mask.dtype == torch.bool:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        elif mask is not None:
-            scores = scores + mask
-        return case.eager(q, k, v, mask), torch.logsumexp(scores, -1)
+        scores = _masked_scores(q, k, mask, case.attrs)
+        return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
     return Case(case.inputs, case.attrs, eager)
 
 
