@@ -163,6 +163,21 @@ def test_budget_below_every_schedule_is_refused_with_a_budget_that_is_met():
     assert _graph(compiled).report("remat").predicted_peak <= err.smallest
 
 
+def test_smallest_peak_searches_below_the_greedy_floor_and_that_budget_is_met(compiled_pair):
+    graph = _graph(compiled_pair[3])
+    problem = remat.analyse(graph.executor.lowered.steps, graph.graph)
+    program = milp.build(problem, milp.MAX_STAGES)
+    floor = remat.simulate_peak(problem, greedy.recompute_at_peaks(problem, list(range(problem.n)), 0))
+    lowest, order = remat.smallest_peak(problem, program, deterministic=True)
+    remat.validate(problem, order)
+    assert remat.simulate_peak(problem, order) == lowest < floor  # the MILP's probes went lower
+    met = remat.plan(problem, lowest, deterministic=True)
+    assert met.predicted_peak <= lowest
+    with pytest.raises(remat.MemoryBudgetError) as caught:
+        remat.plan(problem, lowest - 1, deterministic=True)
+    assert caught.value.smallest == lowest
+
+
 def test_planners_each_give_valid_orders_within_the_budget(compiled_pair):
     graph = _graph(compiled_pair[3])
     problem = remat.analyse(graph.executor.lowered.steps, graph.graph)

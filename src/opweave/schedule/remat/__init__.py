@@ -9,8 +9,10 @@ appear again, and the executor frees each run's outputs after their own last rea
 `plan` takes the cheapest (by the cost model) of three planners' orders whose exact peak
 (`problem.live_bytes`) is within the budget: Checkmate's MILP (`milp.py`, when its
 program is small enough to solve), Checkmate's rounded relaxation, and the greedy
-recompute-at-the-peak (`greedy.py`). Never recomputed: random steps (dropout's mask would
-change), steps that write into an input, steps whose outputs leave the graph.
+recompute-at-the-peak (`greedy.py`); when none fits, the order of the lowest peak found
+(`smallest_peak`); when that does not fit either, the budget is refused with that peak. Never
+recomputed: random steps (dropout's mask would change), steps that write into an input,
+steps whose outputs leave the graph.
 See docs/memory.md.
 """
 from __future__ import annotations
@@ -22,12 +24,14 @@ from . import greedy, milp
 from .problem import Problem, analyse, live_bytes, simulate_peak, validate
 
 MILP_MAX_COLUMNS = 60_000  # above this many binaries, the MILP is not tried
+MIN_PEAK_PROBES = 5        # MILP solves that look for a lower peak than the greedy floor
 
 
 class MemoryBudgetError(ValueError):
     """The memory budget is below what any schedule opweave finds can meet. `smallest`
-    (bytes) is a budget that is met by the same steps: the greedy planner's lowest peak
-    (a compile that measures library forms may lower to other steps next time)."""
+    (bytes) is a budget that is met by the same steps: the lowest peak found
+    (`smallest_peak`; a compile that measures library forms may lower to other steps next
+    time)."""
 
     def __init__(self, budget: int, smallest: int, unconstrained: int):
         super().__init__(
@@ -97,7 +101,10 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
         if best is None or (extra, peak) < (best[0], best[1]):
             best = (extra, peak, order, method)
     if best is None:
-        raise MemoryBudgetError(budget, smallest_peak(problem), unconstrained)
+        lowest, order = smallest_peak(problem, program, deterministic)
+        if lowest > budget:
+            raise MemoryBudgetError(budget, lowest, unconstrained)
+        best = (sum(problem.facts[i].seconds for i in order) - base, lowest, order, "lowest")
     extra, peak, order, method = best
     counts: dict[int, int] = {}
     for i in order:
@@ -107,11 +114,32 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
                      time.perf_counter() - start, recomputed)
 
 
-def smallest_peak(problem: Problem) -> int:
-    """The lowest peak the greedy planner reaches with no limit on recomputation: what an
-    infeasible budget is told. A budget of that many bytes is always met (the greedy
-    planner takes the same steps until it is under its budget); the MILP may go lower."""
-    return simulate_peak(problem, greedy.recompute_at_peaks(problem, list(range(problem.n)), 0))
+def smallest_peak(problem: Problem, program: milp.Program,
+                  deterministic: bool) -> tuple[int, list[int]]:
+    """The lowest peak found and its order: what a budget below every cheaper plan gets,
+    or is told. The greedy planner's floor (it recomputes at the peak with no limit), then
+    a bisection between the linear relaxation's lower bound and that floor, one MILP solve
+    per probe (`MIN_PEAK_PROBES` at most): the MILP with the budget as a column to minimize
+    rarely finds an integer solution within its node limit, at a fixed budget it does.
+    The same search at the budget it returned finds the same order again, so that budget is
+    met (unless the solver's deadline cut a solve short)."""
+    order = greedy.recompute_at_peaks(problem, list(range(problem.n)), 0)
+    high = simulate_peak(problem, order)
+    if program.columns > MILP_MAX_COLUMNS:
+        return high, order
+    low = milp.min_peak_bound(program, deterministic) or 0.0
+    for _ in range(MIN_PEAK_PROBES):
+        if high - low <= 0.01 * high:
+            break
+        probe = int((low + high) / 2)
+        found = milp.solve_milp(problem, program, probe, deterministic)
+        if found is None:
+            low = probe
+            continue
+        candidate = milp.order(problem, program, found)
+        validate(problem, candidate)
+        high, order = min(high, simulate_peak(problem, candidate)), candidate
+    return high, order
 
 
 def planned_peak(compiled) -> int | None:

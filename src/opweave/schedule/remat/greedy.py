@@ -9,8 +9,8 @@ overall peak, is taken. A recomputation's inputs live longer; when that makes on
 them the problem, it becomes a candidate at a later peak, so chains recompute too.
 
 It is the fast path for graphs whose Checkmate program is too large for the MILP, and
-the incumbent the MILP's answer must beat; its lowest peak is what an infeasible budget
-is told (`smallest_peak`).
+the incumbent the MILP's answer must beat; its lowest peak is where the search for the
+smallest feasible peak starts (`smallest_peak`).
 """
 from __future__ import annotations
 

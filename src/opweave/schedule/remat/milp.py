@@ -28,6 +28,7 @@ MAX_STAGES = 48            # stages of the program (Checkmate: one per step)
 MIP_MAX_NODES = 300        # branch-and-bound nodes per solve (a count: same on any machine)
 SOLVE_SECONDS = 10.0       # the solver's deadline when the compile may use the clock
 ROUNDING_THRESHOLDS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
+MIB_PRICE = 1e6            # the smallest-peak bound: a MiB of peak outweighs 1 s recomputed
 
 Recomputations = set[tuple[int, int]]  # (stage, step)
 
@@ -186,9 +187,11 @@ def _highs(deterministic: bool):
     return h, highspy
 
 
-def _solve(program: Program, budget: float, integer: bool, deterministic: bool):
+def _solve(program: Program, budget: float | None, integer: bool, deterministic: bool):
     """(column values, objective) of the program under `budget` bytes, or None when no
-    solution was found."""
+    solution was found. With `budget=None` the budget is a column of its own (MiB, the
+    last value returned) and the objective puts its size first, recomputation second:
+    the smallest peak the rows allow."""
     h, highspy = _highs(deterministic)
     m = program.columns
     cols = np.arange(m, dtype=np.int32)
@@ -197,6 +200,9 @@ def _solve(program: Program, budget: float, integer: bool, deterministic: bool):
     if integer and m:
         h.changeColsIntegrality(m, cols, np.array([highspy.HighsVarType.kInteger] * m))
     inf = highspy.kHighsInf
+    if budget is None:  # column m: the budget, in MiB
+        h.addVars(1, np.zeros(1), np.array([inf]))
+        h.changeColsCost(1, np.array([m], dtype=np.int32), np.array([MIB_PRICE]))
     lower, upper, starts, index, value = [], [], [], [], []
 
     def add(lo, hi, columns, coefs):
@@ -210,7 +216,10 @@ def _solve(program: Program, budget: float, integer: bool, deterministic: bool):
         add(lo, inf if hi == math.inf else hi, columns, coefs)
     mib = 2.0 ** 20  # rows in MiB keep the coefficients near 1
     for columns, coefs, constant in program.memory_rows:
-        add(-inf, (budget - constant) / mib, columns, [c / mib for c in coefs])
+        if budget is None:
+            add(-inf, -constant / mib, [*columns, m], [*(c / mib for c in coefs), -1.0])
+        else:
+            add(-inf, (budget - constant) / mib, columns, [c / mib for c in coefs])
     h.addRows(len(lower), np.array(lower, dtype=float), np.array(upper, dtype=float),
               len(index), np.array(starts, dtype=np.int32), np.array(index, dtype=np.int32),
               np.array(value, dtype=float))
@@ -278,6 +287,15 @@ def solve_milp(problem: Problem, program: Program, budget: int,
     if solved is None:
         return None
     return {key for key, col in program.r.items() if solved[0][col] > 0.5}
+
+
+def min_peak_bound(program: Program, deterministic: bool) -> float | None:
+    """A lower bound (bytes) on the peak any solution of the program has: the linear
+    relaxation with the budget as a column of its own, minimized. None when unsolved."""
+    solved = _solve(program, None, False, deterministic)
+    if solved is None:
+        return None
+    return float(solved[0][program.columns]) * 2.0 ** 20
 
 
 def solve_relaxed(problem: Problem, program: Program, budget: int,
