@@ -290,8 +290,10 @@ def solve_milp(problem: Problem, program: Program, budget: int,
 
 
 def min_peak_bound(program: Program, deterministic: bool) -> float | None:
-    """A lower bound (bytes) on the peak any solution of the program has: the linear
-    relaxation with the budget as a column of its own, minimized. None when unsolved."""
+    """A lower bound (bytes) on the budget the program's rows admit: the linear relaxation
+    with the budget as a column of its own, minimized; None when unsolved. The rows
+    over-count liveness, so an order's exact peak may still be lower: a place to start a
+    search from, not a proof."""
     solved = _solve(program, None, False, deterministic)
     if solved is None:
         return None
