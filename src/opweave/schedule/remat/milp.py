@@ -28,7 +28,6 @@ MAX_STAGES = 48            # stages of the program (Checkmate: one per step)
 MIP_MAX_NODES = 300        # branch-and-bound nodes per solve (a count: same on any machine)
 SOLVE_SECONDS = 10.0       # the solver's deadline when the compile may use the clock
 ROUNDING_THRESHOLDS = (0.01, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99)
-MIB_PRICE = 1e6            # the smallest-peak bound: a MiB of peak outweighs 1 s recomputed
 
 Recomputations = set[tuple[int, int]]  # (stage, step)
 
@@ -190,19 +189,20 @@ def _highs(deterministic: bool):
 def _solve(program: Program, budget: float | None, integer: bool, deterministic: bool):
     """(column values, objective) of the program under `budget` bytes, or None when no
     solution was found. With `budget=None` the budget is a column of its own (MiB, the
-    last value returned) and the objective puts its size first, recomputation second:
-    the smallest peak the rows allow."""
+    last value returned) and the objective is that column alone: the smallest peak the
+    rows allow, whatever it recomputes."""
     h, highspy = _highs(deterministic)
     m = program.columns
     cols = np.arange(m, dtype=np.int32)
     h.addVars(m, np.zeros(m), np.ones(m))
-    h.changeColsCost(m, cols, np.array(program.costs) * 1e6)  # microseconds
+    if budget is not None:
+        h.changeColsCost(m, cols, np.array(program.costs) * 1e6)  # microseconds
     if integer and m:
         h.changeColsIntegrality(m, cols, np.array([highspy.HighsVarType.kInteger] * m))
     inf = highspy.kHighsInf
     if budget is None:  # column m: the budget, in MiB
         h.addVars(1, np.zeros(1), np.array([inf]))
-        h.changeColsCost(1, np.array([m], dtype=np.int32), np.array([MIB_PRICE]))
+        h.changeColsCost(1, np.array([m], dtype=np.int32), np.ones(1))
     lower, upper, starts, index, value = [], [], [], [], []
 
     def add(lo, hi, columns, coefs):
