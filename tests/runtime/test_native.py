@@ -55,6 +55,29 @@ def test_replay_takes_over_and_computes_what_the_python_steps_compute():
         assert torch.equal(a, b)
 
 
+def test_the_plan_is_built_after_the_recorded_call_and_replays_it():
+    """Instructions built during the call split the heap blocks its tensors freed (glibc
+    then grows the heap); the record holds slots, not tensors, until `finish`."""
+    from opweave.codegen.lower import CppKernel
+
+    assert native.module(wait=True) is not None, native.unavailable()
+    ex = compile_graph(_fused_graph(), OPTIONS).executor
+    x = torch.randn(8, 16)
+    recorder = native.Recorder([x])
+    CppKernel.recording = recorder.kernel
+    try:
+        with recorder:
+            outputs = ex._run([x])
+    finally:
+        CppKernel.recording = None
+    assert len(recorder.plan) == 0 and recorder.kernels >= 1
+    assert len(recorder.records) == len(recorder.touched)
+    plan = recorder.finish(outputs)
+    assert len(plan) == len(recorder.touched)
+    for a, b in zip(plan.run([x]), outputs):
+        assert torch.equal(a, b)
+
+
 def test_other_strides_run_the_python_steps():
     ex = compile_graph(_fused_graph(), OPTIONS).executor
     _warm(ex, lambda: [torch.randn(8, 16)])
