@@ -359,12 +359,16 @@ def test_inference_attention_runs_fused():
         torch.testing.assert_close(compiled(*inputs), model(*inputs))
 
 
-def test_training_attention_math_form_matches_eager_gradients():
-    """The backward reads the logsumexp, so training graphs take the math form, whose
-    causal mask must be aligned as torch's (it was bottom-right when queries < keys)."""
+def test_training_attention_runs_fused_and_matches_eager_gradients():
+    """The forward keeps the logsumexp (`attention_lse`) and the backward is torch's fused
+    kernel (`attention_backward`), the causal mask aligned as torch's (top-left when
+    queries < keys) and the additive one broadcast."""
     model, inputs = _Attention(), _attention_inputs()
     loss = _SumLoss(model)
     step = opweave.compile(loss, inputs, train=True)
+    (graph,) = step.programs[True].compiled_graphs
+    counts = graph.graph.op_counts()
+    assert counts.get("attention_backward") == 1, counts  # the other one's inputs need none
     got = step(*inputs)
     got.backward()
     grads = [p.grad.clone() for p in model.parameters()]

@@ -370,6 +370,26 @@ def attention_lse_case(draw):
 
 
 @st.composite
+def attention_backward_case(draw):
+    """The same draws with a drawn output gradient: the fused backward's query, key and
+    value gradients against autograd through the math form (its output and logsumexp
+    the operands, as the forward gave them)."""
+    case = draw(attention_case())
+    q, k, v, *mask = case.inputs
+
+    def forward(q, k, v):
+        scores = _masked_scores(q, k, mask[0] if mask else None, case.attrs)
+        return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
+    out, lse = forward(q, k, v)
+    grad = tensor(tuple(out.shape), out.dtype)
+
+    def eager(grad, q, k, v, out, lse, mask=None):
+        leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(forward(*leaves)[0], leaves, grad, allow_unused=True)
+    return Case([grad, q, k, v, out, lse, *mask], case.attrs, eager)
+
+
+@st.composite
 def pool_params(draw):
     kernel = [draw(st.integers(1, 3)) for _ in range(2)]
     stride = [draw(st.integers(1, 3)) for _ in range(2)]
@@ -562,7 +582,7 @@ CASES = {
     "slice": slice_case(), "cat": cat_case(),
     "matmul": matmul_case(), "conv": conv_case(), "conv_backward": conv_backward_case(),
     "sparse_mm": sparse_mm_case(), "attention": attention_case(),
-    "attention_lse": attention_lse_case(),
+    "attention_lse": attention_lse_case(), "attention_backward": attention_backward_case(),
     "max_pool2d": max_pool_case(), "max_pool2d_backward": max_pool_backward_case(),
     "adaptive_max_pool2d": adaptive_case(), "adaptive_max_pool2d_backward": adaptive_backward_case(),
     "dropout": dropout_case(),

@@ -186,46 +186,19 @@ def _reads_output(node, index: int) -> bool:
                for user in node.users)
 
 
-def _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale):
-    """scale * q @ k^T with the causal and explicit masks applied (masked = -inf)."""
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def _flash_attention_backward(ctx, grad_out, query, key, value, out, logsumexp, dropout_p,
+                              is_causal, *, attn_mask=None, scale=None):
+    """The IR's fused `attention_backward` (torch's CPU kernel, as eager runs it): the
+    math form held a layer's [heads, seq, seq] scores, probabilities and their gradient
+    at once, what set the peak of a training step under a memory budget."""
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
     if dropout_p != 0.0:
         raise Unsupported("attention dropout")
     if q.type.rank != 4 or q.type.shape[1] != k.type.shape[1]:
         raise Unsupported("attention other than [batch, heads, seq, dim] with equal head counts")
-    length, source = q.type.shape[2], k.type.shape[2]
     scale = scale if scale is not None else q.type.shape[-1] ** -0.5
-    kt = ctx.add1("permute", [k], {"dims": [0, 1, 3, 2]})
-    scores = ctx.add1("mul", [ctx.add1("matmul", [q, kt]), ctx.scalar(scale, q)])
-    if is_causal:  # aligned top-left, as torch's kernels do: query i sees keys 0..i
-        causal = torch.ones(length, source, dtype=torch.bool).tril()
-        keep = ctx.graph.add_constant("causal_mask", causal)
-        scores = ctx.add1("where", [keep, scores, ctx.scalar(float("-inf"), scores)])
+    inputs = [ctx.value(grad_out), q, k, v, ctx.value(out), ctx.value(logsumexp)]
     if attn_mask is not None:
-        mask = ctx.value(attn_mask)
-        if mask.type.dtype == torch.bool:
-            scores = ctx.add1("where", [mask, scores, ctx.scalar(float("-inf"), scores)])
-        else:
-            scores = ctx.add1("add", [scores, mask])
-    return scale, scores
-
-
-@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
-def _flash_attention_backward(ctx, grad_out, query, key, value, out, logsumexp, dropout_p,
-                              is_causal, *, attn_mask=None, scale=None):
-    """The attention backward in math form, recomputing probabilities from the logsumexp:
-    P = exp(S - lse); dV = P^T dO; dS = P * (dO V^T - rowsum(dO * O)); dQ = s dS K;
-    dK = s dS^T Q."""
-    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
-    d_out, o, lse = ctx.value(grad_out), ctx.value(out), ctx.value(logsumexp)
-    scale, scores = _attention_scores(ctx, q, k, dropout_p, is_causal, attn_mask, scale)
-    lse = reshape(ctx, lse, _shape(lse) + [1])
-    probs = ctx.add1("exp", [ctx.add1("sub", [scores, lse])])
-    t = {"dims": [0, 1, 3, 2]}
-    grad_v = ctx.add1("matmul", [ctx.add1("permute", [probs], t), d_out])
-    d_probs = ctx.add1("matmul", [d_out, ctx.add1("permute", [v], t)])
-    row = ctx.add1("sum", [ctx.add1("mul", [d_out, o])], {"dims": [3], "keepdim": True})
-    d_scores = ctx.add1("mul", [probs, ctx.add1("sub", [d_probs, row])])
-    s = ctx.scalar(scale, q)
-    grad_q = ctx.add1("mul", [ctx.add1("matmul", [d_scores, k]), s])
-    grad_k = ctx.add1("mul", [ctx.add1("matmul", [ctx.add1("permute", [d_scores], t), q]), s])
-    return [grad_q, grad_k, grad_v]
+        inputs.append(ctx.value(attn_mask))
+    return ctx.add("attention_backward", inputs, {"scale": float(scale), "causal": bool(is_causal)})
