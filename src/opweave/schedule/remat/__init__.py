@@ -6,11 +6,13 @@ for memory. The unit is a lowered step (a fused kernel, a library call, a single
 what recomputes is what already runs; a plan is an order of steps in which a step may
 appear again, and the executor frees each run's outputs after their own last read.
 
-`plan` takes the cheapest (by the cost model) of three planners' orders whose exact peak
+`plan` takes the cheapest (by the cost model) of four planners' orders whose exact peak
 (`problem.live_bytes`) is within the budget: Checkmate's MILP (`milp.py`, when its
-program is small enough to solve), Checkmate's rounded relaxation, and the greedy
-recompute-at-the-peak (`greedy.py`); when none fits, the order of the lowest peak found
-(`smallest_peak`); when that does not fit either, the budget is refused with that peak. Never
+program is small enough to solve), Checkmate's rounded relaxation, the greedy
+recompute-at-the-peak (`greedy.py`) and segment checkpointing (`segments.py`: what
+checkpointing every block does, found from the steps); when none fits, the order of the
+lowest peak found (`smallest_peak`); when that does not fit either, the budget is refused
+with that peak. Never
 recomputed: random steps (dropout's mask would change), steps that write into an input,
 steps whose outputs leave the graph.
 See docs/memory.md.
@@ -20,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from . import greedy, milp
+from . import greedy, milp, segments
 from .problem import Problem, analyse, live_bytes, simulate_peak, validate
 
 MILP_MAX_COLUMNS = 60_000  # above this many binaries, the MILP is not tried
@@ -51,7 +53,7 @@ class RematPlan:
     predicted_peak: int
     base_seconds: float         # modelled time of the original steps
     extra_seconds: float = 0.0  # modelled time of the recomputations
-    method: str = "none"        # "none", "milp", "lp-rounding", "greedy", "lowest"
+    method: str = "none"        # "none", "milp", "lp-rounding", "greedy", "segments", "lowest"
     solve_seconds: float = 0.0
     recomputed: dict[int, int] = field(default_factory=dict)  # step -> extra runs
 
@@ -84,6 +86,8 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
         return RematPlan(identity, budget, unconstrained, unconstrained, base)
     start = time.perf_counter()
     candidates = [(greedy.recompute_at_peaks(problem, identity, budget), "greedy")]
+    segmented = [order for order, _ in segments.orders(problem)]
+    candidates += [(order, "segments") for order in segmented]
     program = milp.build(problem, milp.MAX_STAGES)
     if program.columns <= MILP_MAX_COLUMNS:
         found = milp.solve_milp(problem, program, budget, deterministic)
@@ -101,7 +105,7 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
         if best is None or (extra, peak) < (best[0], best[1]):
             best = (extra, peak, order, method)
     if best is None:
-        lowest, order = smallest_peak(problem, program, deterministic)
+        lowest, order = smallest_peak(problem, program, deterministic, segmented)
         if lowest > budget:
             raise MemoryBudgetError(budget, lowest, unconstrained)
         best = (sum(problem.facts[i].seconds for i in order) - base, lowest, order, "lowest")
@@ -114,17 +118,24 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
                      time.perf_counter() - start, recomputed)
 
 
-def smallest_peak(problem: Problem, program: milp.Program,
-                  deterministic: bool) -> tuple[int, list[int]]:
+def smallest_peak(problem: Problem, program: milp.Program, deterministic: bool,
+                  segmented: list[list[int]] | None = None) -> tuple[int, list[int]]:
     """The lowest peak found and its order: what a budget below every cheaper plan gets,
-    or is told. The greedy planner's floor (it recomputes at the peak with no limit), then
-    a bisection between the linear relaxation's lower bound and that floor, one MILP solve
-    per probe (`MIN_PEAK_PROBES` at most): the MILP with the budget as a column to minimize
-    rarely finds an integer solution within its node limit, at a fixed budget it does.
-    The same search at the budget it returned finds the same order again, so that budget is
-    met (unless the solver's deadline cut a solve short)."""
-    order = greedy.recompute_at_peaks(problem, list(range(problem.n)), 0)
-    high = simulate_peak(problem, order)
+    or is told. The greedy planner's floor (it recomputes at the peak with no limit),
+    started from the steps' order and from the segment order of the lowest peak
+    (`segmented`, default: `segments.orders`), then a bisection between the linear
+    relaxation's lower bound and that floor, one MILP solve per probe (`MIN_PEAK_PROBES`
+    at most): the MILP with the budget as a column to minimize rarely finds an integer
+    solution within its node limit, at a fixed budget it does. The same search at the
+    budget it returned finds the same order again, so that budget is met (unless the
+    solver's deadline cut a solve short)."""
+    if segmented is None:
+        segmented = [order for order, _ in segments.orders(problem)]
+    starts = [list(range(problem.n))]
+    if segmented:
+        starts.append(min(segmented, key=lambda o: simulate_peak(problem, o)))
+    floors = [greedy.recompute_at_peaks(problem, start, 0) for start in starts]
+    high, order = min(((simulate_peak(problem, o), o) for o in floors), key=lambda f: f[0])
     if program.columns > MILP_MAX_COLUMNS:
         return high, order
     low = milp.min_peak_bound(program, deterministic) or 0.0
