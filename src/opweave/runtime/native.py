@@ -291,33 +291,38 @@ class _Slot(int):
     """A recorded argument that was the tensor in this slot."""
 
 
-def _slotted(item, slot_of: dict[int, int], used: set[int]):
-    """`item` (nested lists, tuples and dicts of arguments) with its slot tensors replaced
-    by `_Slot`s; their slots are added to `used`."""
-    if isinstance(item, torch.Tensor) and id(item) in slot_of:
-        used.add(slot_of[id(item)])
-        return _Slot(slot_of[id(item)])
+def _map_arguments(item, leaf):
+    """`item` (nested lists, tuples and dicts of an operator's arguments) with `leaf`
+    applied to everything else in it."""
     if type(item) in (list, tuple):
-        return type(item)(_slotted(x, slot_of, used) for x in item)
+        return type(item)(_map_arguments(x, leaf) for x in item)
     if type(item) is dict:
-        return {k: _slotted(x, slot_of, used) for k, x in item.items()}
-    return item
+        return {k: _map_arguments(x, leaf) for k, x in item.items()}
+    return leaf(item)
+
+
+def _slotted(item, slot_of: dict[int, int], used: set[int]):
+    """`item` with its slot tensors replaced by `_Slot`s; their slots are added to `used`."""
+    def leaf(x):
+        if isinstance(x, torch.Tensor) and id(x) in slot_of:
+            used.add(slot_of[id(x)])
+            return _Slot(slot_of[id(x)])
+        return x
+    return _map_arguments(item, leaf)
 
 
 def _filled(item, stand_ins: dict[int, torch.Tensor], used: dict[int, torch.Tensor]):
     """`item` with each `_Slot` replaced by its slot's stand-in, an empty tensor the plan
     recognises by identity (`Plan.add_op` keeps none of them)."""
-    if isinstance(item, _Slot):
-        tensor = stand_ins.get(item)
-        if tensor is None:
-            tensor = stand_ins[int(item)] = torch.empty(0)
-        used[int(item)] = tensor
-        return tensor
-    if type(item) in (list, tuple):
-        return type(item)(_filled(x, stand_ins, used) for x in item)
-    if type(item) is dict:
-        return {k: _filled(x, stand_ins, used) for k, x in item.items()}
-    return item
+    def leaf(x):
+        if not isinstance(x, _Slot):
+            return x
+        slot = int(x)
+        if slot not in stand_ins:
+            stand_ins[slot] = torch.empty(0)
+        used[slot] = stand_ins[slot]
+        return stand_ins[slot]
+    return _map_arguments(item, leaf)
 
 
 def _returned_tensors(func, result) -> list:
