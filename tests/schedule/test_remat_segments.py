@@ -79,7 +79,7 @@ def test_cuts_fall_between_blocks_and_segments_go_below_the_greedy_floor(encoder
     found = segments.orders(problem)
     assert found
     peaks = []
-    for order, _ in found:
+    for order in found:
         remat.validate(problem, order)
         assert sorted(set(order)) == list(range(problem.n))
         peaks.append(remat.simulate_peak(problem, order))

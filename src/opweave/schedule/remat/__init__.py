@@ -86,7 +86,7 @@ def plan(problem: Problem, budget: int, *, deterministic: bool = False) -> Remat
         return RematPlan(identity, budget, unconstrained, unconstrained, base)
     start = time.perf_counter()
     candidates = [(greedy.recompute_at_peaks(problem, identity, budget), "greedy")]
-    segmented = [order for order, _ in segments.orders(problem)]
+    segmented = segments.orders(problem)
     candidates += [(order, "segments") for order in segmented]
     program = milp.build(problem, milp.MAX_STAGES)
     if program.columns <= MILP_MAX_COLUMNS:
@@ -130,7 +130,7 @@ def smallest_peak(problem: Problem, program: milp.Program, deterministic: bool,
     budget it returned finds the same order again, so that budget is met (unless the
     solver's deadline cut a solve short)."""
     if segmented is None:
-        segmented = [order for order, _ in segments.orders(problem)]
+        segmented = segments.orders(problem)
     starts = [list(range(problem.n))]
     if segmented:
         starts.append(min(segmented, key=lambda o: simulate_peak(problem, o)))

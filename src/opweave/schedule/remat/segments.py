@@ -88,9 +88,8 @@ def segment_order(problem: Problem, end: int, cuts: list[int]) -> list[int]:
     last = _last_forward_reads(problem, end)
     producer = _producers(problem)
     kept = {i for i in range(problem.n) if i > end or not facts[i].recomputable}
-    crossing = {i for c in cuts for i in range(c) if last[i] >= c}
-    for i in crossing | {i for i in kept if i <= end}:  # with the storage a kept view views
-        kept.add(i)
+    kept |= {i for c in cuts for i in range(c) if last[i] >= c}
+    for i in [i for i in kept if i <= end]:  # with the storage a kept view views
         for v in problem.steps[i].outputs:
             owner = problem.storage.get(v)
             if owner is not None and owner in producer:
@@ -122,9 +121,9 @@ def segment_order(problem: Problem, end: int, cuts: list[int]) -> list[int]:
     return order
 
 
-def orders(problem: Problem) -> list[tuple[list[int], str]]:
-    """(order, label) with every k-th candidate cut kept, for each k up to their count;
-    an order that reads a value an in-place step spoiled first is left out."""
+def orders(problem: Problem) -> list[list[int]]:
+    """The order with every k-th candidate cut kept, for each k up to their count; an
+    order that reads a value an in-place step spoiled first is left out."""
     end = forward_end(problem)
     cuts = candidate_cuts(problem, end)
     found = []
@@ -134,5 +133,5 @@ def orders(problem: Problem) -> list[tuple[list[int], str]]:
             validate(problem, order)
         except AssertionError:
             continue
-        found.append((order, f"segments every {k}"))
+        found.append(order)
     return found
