@@ -12,7 +12,7 @@ PIP_TOOLS := pip-tools==7.6.2
 
 $(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test,ray]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test,ray,triton]"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -21,7 +21,7 @@ demo: $(STAMP)
 	$(VENV)/bin/opweave demo
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test,ray,bench]"
+	$(PY) -m pip install --quiet -c $(LOCK) -e ".[peers,test,ray,triton,bench]"
 	touch $(BENCH_STAMP)
 
 # every backend on the five models; ARGS passes options, e.g. make bench ARGS="--mode train"

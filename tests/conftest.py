@@ -19,6 +19,11 @@ os.environ["OPWEAVE_NATIVE"] = "wait"
 os.environ["OPWEAVE_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="opweave-tests-"),
                                                "tuning.sqlite")
 
+# Without a GPU, generated Triton kernels run on the CPU through Triton's interpreter (read
+# when a kernel is defined, so before any is).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from opweave import models
 
 MODEL_NAMES = ("bert-base", "vit-b16", "resnet50", "xmlcnn", "gcn", "gcn-dense")

@@ -1,5 +1,7 @@
-"""Generated C++ kernels against the reference ops: every formula, broadcasting, row
-reductions with prologues and epilogues, NaN propagation, and kernel counts."""
+"""Generated kernels against the reference ops: every formula, broadcasting, row
+reductions with prologues and epilogues, NaN propagation, and kernel counts. The tests
+taking `generator` run for both code generators: C++ (needs g++) and Triton (on a GPU
+when there is one, else on the CPU through Triton's interpreter; needs Triton)."""
 from __future__ import annotations
 
 import shutil
@@ -12,19 +14,30 @@ from opweave.ir import Graph, TensorType
 from opweave.runtime import Executor
 
 from ..partition.graphs import attention_scores, mlp_block, stacked_mlp
+from .triton_env import needs_triton, triton_device
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 F32 = torch.float32
 
 
-def _check(g: Graph, *inputs, atol=1e-5, rtol=1e-5, expect=None):
-    lowered = lower(g, "ilp", measure=False)
-    got = Executor(g, steps=lowered.steps)(*inputs)
+@pytest.fixture(params=[pytest.param("cpp", marks=needs_gxx),
+                        pytest.param("triton", marks=needs_triton)])
+def generator(request) -> str:
+    return request.param
+
+
+def _check(g: Graph, *inputs, atol=1e-5, rtol=1e-5, expect=None, generator="cpp"):
+    """The generator's kernels against the graph's reference ops, on the device the
+    generator runs on; `expect`: kernel counts, "cpp" standing for the generator's kind."""
+    lowered = lower(g, "ilp", measure=False, target=generator)
+    device = triton_device() if generator == "triton" else "cpu"
+    got = Executor(g, steps=lowered.steps, device=device)(*[x.to(device) for x in inputs])
     ref = Executor(g)(*inputs)
     for a, b in zip(got, ref):
-        torch.testing.assert_close(a, b, atol=atol, rtol=rtol, equal_nan=True)
+        torch.testing.assert_close(a.cpu(), b, atol=atol, rtol=rtol, equal_nan=True)
     if expect is not None:
-        assert lowered.kernel_counts() == expect, lowered.kernel_counts()
+        want = {(generator if k == "cpp" else k): n for k, n in expect.items()}
+        assert lowered.kernel_counts() == want, lowered.kernel_counts()
     return lowered
 
 
@@ -33,7 +46,7 @@ UNARY = ["neg", "abs", "exp", "sqrt", "rsqrt", "reciprocal", "sigmoid", "tanh", 
 
 
 @pytest.mark.parametrize("op", UNARY + ["gelu", "gelu-tanh", "clamp"])
-def test_unary_formula(op):
+def test_unary_formula(op, generator):
     g = Graph(f"u_{op}")
     x = g.add_input("x", TensorType((6, 40), F32))
     h = g.add1("mul", [x, g.add_constant("two", torch.tensor(2.0))])
@@ -48,11 +61,11 @@ def test_unary_formula(op):
     if op in ("sqrt", "rsqrt"):
         x = x.abs() + 0.1
     x[0, :4] = torch.tensor([0.0, 1e-3, -1e-3, 30.0])
-    _check(g, x, rtol=2e-5, expect={"cpp": 1})
+    _check(g, x, rtol=2e-5, expect={"cpp": 1}, generator=generator)
 
 
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "maximum", "minimum", "pow"])
-def test_binary_formula_with_broadcasts(op):
+def test_binary_formula_with_broadcasts(op, generator):
     g = Graph(f"b_{op}")
     x = g.add_input("x", TensorType((2, 3, 5, 16), F32))
     row = g.add_input("row", TensorType((16,), F32))             # along the last axis
@@ -61,38 +74,38 @@ def test_binary_formula_with_broadcasts(op):
     other = g.add_constant("e", torch.tensor(2.0)) if op == "pow" else chan
     g.outputs = [g.add1(op, [h.producer.outputs[0] if op != "pow" else g.add1("abs", [h]), other])]
     args = (torch.randn(2, 3, 5, 16), torch.randn(16), torch.rand(3, 1, 1) + 0.5)
-    _check(g, *args, expect={"cpp": 1})
+    _check(g, *args, expect={"cpp": 1}, generator=generator)
 
 
-def test_where_reads_a_bool_condition():
+def test_where_reads_a_bool_condition(generator):
     g = Graph("where")
     c = g.add_input("c", TensorType((4, 8), torch.bool))
     x = g.add_input("x", TensorType((4, 8), F32))
     y = g.add1("where", [c, g.add1("exp", [x]), g.add1("neg", [x])])
     g.outputs = [y]
-    _check(g, torch.rand(4, 8) > 0.5, torch.randn(4, 8), expect={"cpp": 1})
+    _check(g, torch.rand(4, 8) > 0.5, torch.randn(4, 8), expect={"cpp": 1}, generator=generator)
 
 
-def test_nan_propagates_like_torch():
+def test_nan_propagates_like_torch(generator):
     g = Graph("nan")
     x = g.add_input("x", TensorType((3, 8), F32))
     y = g.add_input("y", TensorType((3, 8), F32))
     g.outputs = [g.add1("maximum", [g.add1("relu", [x]), y])]
     a, b = torch.randn(3, 8), torch.randn(3, 8)
     a[0, 0] = b[1, 1] = float("nan")
-    _check(g, a, b)
+    _check(g, a, b, generator=generator)
 
 
 @pytest.mark.parametrize("op", ["softmax", "log_softmax"])
-def test_softmax_with_scale_and_mask_prologue(op):
+def test_softmax_with_scale_and_mask_prologue(op, generator):
     g = attention_scores(heads=3, seq=40)
     g.nodes[-1].op = op
     mask = torch.zeros(1, 1, 1, 40)
     mask[..., -5:] = float("-inf") if op == "softmax" else -1e4
-    _check(g, torch.randn(1, 3, 40, 40) * 4, mask, expect={"cpp": 1})
+    _check(g, torch.randn(1, 3, 40, 40) * 4, mask, expect={"cpp": 1}, generator=generator)
 
 
-def test_layer_norm_with_residual_prologue_and_epilogue():
+def test_layer_norm_with_residual_prologue_and_epilogue(generator):
     g = Graph("ln")
     x = g.add_input("x", TensorType((2, 7, 96), F32))
     r = g.add_input("r", TensorType((2, 7, 96), F32))
@@ -101,7 +114,7 @@ def test_layer_norm_with_residual_prologue_and_epilogue():
     b = g.add_constant("b", torch.randn(96))
     y = g.add("layer_norm", [s, w, b], {"normalized_shape": [96], "eps": 1e-6})[0]
     g.outputs = [g.add1("relu", [y]), s]    # the prologue value is also an output
-    _check(g, torch.randn(2, 7, 96) * 3 + 1, torch.randn(2, 7, 96), expect={"cpp": 1})
+    _check(g, torch.randn(2, 7, 96) * 3 + 1, torch.randn(2, 7, 96), expect={"cpp": 1}, generator=generator)
 
 
 def _layer_norm_after_add(cols: int, rows: int) -> Graph:
@@ -113,7 +126,7 @@ def _layer_norm_after_add(cols: int, rows: int) -> Graph:
     return g
 
 
-def test_layer_norm_of_nearly_equal_large_values_matches_eager():
+def test_layer_norm_of_nearly_equal_large_values_matches_eager(generator):
     """A float mean of 768 values near 1000 is off by ~1e-4, which 1/sqrt(eps) turns into
     an output of ~0.3 where the exact answer is 0: mean and variance are taken in double,
     and the result is checked against layer norm computed in double."""
@@ -126,9 +139,10 @@ def test_layer_norm_of_nearly_equal_large_values_matches_eager():
                      torch.zeros(cols),
                      torch.randn(cols)])
     g = _layer_norm_after_add(cols, len(x))
-    lowered = lower(g, "ilp", measure=False)
-    assert lowered.kernel_counts() == {"cpp": 1}
-    (got,) = Executor(g, steps=lowered.steps)(x)
+    lowered = lower(g, "ilp", measure=False, target=generator)
+    assert lowered.kernel_counts() == {generator: 1}
+    device = triton_device() if generator == "triton" else "cpu"
+    got = Executor(g, steps=lowered.steps, device=device)(x.to(device))[0].cpu()
     want = torch.nn.functional.layer_norm(x + 0.5, (cols,), eps=1e-5)
     exact = torch.nn.functional.layer_norm((x + 0.5).double(), (cols,), eps=1e-5).float()
     torch.testing.assert_close(got, exact, atol=1e-5, rtol=1e-5)
@@ -138,6 +152,7 @@ def test_layer_norm_of_nearly_equal_large_values_matches_eager():
     assert got[0].abs().max() == 0 and got[3].abs().max() == 0
 
 
+@needs_gxx
 def test_layer_norm_kernel_loops_vectorize(tmp_path):
     import subprocess
 
@@ -155,7 +170,7 @@ def test_layer_norm_kernel_loops_vectorize(tmp_path):
     assert len(loops) >= 4, proc.stderr  # prologue, mean, variance, normalization
 
 
-def test_softmax_backward_is_one_row_sum_kernel():
+def test_softmax_backward_is_one_row_sum_kernel(generator):
     """The decomposed softmax backward: g*y, its row sum, then y*(g - sum): prologue,
     reduction and epilogue in one kernel."""
     g = Graph("softmax_bwd")
@@ -164,11 +179,11 @@ def test_softmax_backward_is_one_row_sum_kernel():
     gy = g.add1("mul", [grad, y])
     total = g.add1("sum", [gy], {"dims": [-1], "keepdim": True})
     g.outputs = [g.add1("sub", [gy, g.add1("mul", [y, total])])]
-    _check(g, torch.randn(2, 4, 33), torch.rand(2, 4, 33), expect={"cpp": 1})
+    _check(g, torch.randn(2, 4, 33), torch.rand(2, 4, 33), expect={"cpp": 1}, generator=generator)
 
 
 @pytest.mark.parametrize("op", ["sum", "mean"])
-def test_row_sum_that_escapes_with_its_prologue(op):
+def test_row_sum_that_escapes_with_its_prologue(op, generator):
     """A per-row statistic read elsewhere: stored once per row, next to the prologue."""
     g = Graph(f"row_{op}")
     x = g.add_input("x", TensorType((70, 48), F32))
@@ -176,11 +191,11 @@ def test_row_sum_that_escapes_with_its_prologue(op):
     h = g.add1("mul", [x, w])
     stat = g.add1(op, [h], {"dims": [1], "keepdim": True})
     g.outputs = [stat, h]
-    _check(g, torch.randn(70, 48), torch.randn(48), rtol=1e-4, atol=1e-5, expect={"cpp": 1})
+    _check(g, torch.randn(70, 48), torch.randn(48), rtol=1e-4, atol=1e-5, expect={"cpp": 1}, generator=generator)
 
 
 @pytest.mark.parametrize("mask_escapes", [False, True])
-def test_relu_backward_compares_and_selects_in_one_kernel(mask_escapes):
+def test_relu_backward_compares_and_selects_in_one_kernel(mask_escapes, generator):
     """where(x <= 0, 0, grad): the bool mask lives in a register. A mask read elsewhere
     stays a torch op (a kernel storing bytes next to floats does not vectorize)."""
     g = Graph("relu_bwd")
@@ -193,30 +208,30 @@ def test_relu_backward_compares_and_selects_in_one_kernel(mask_escapes):
         g.outputs.append(mask)
     x = torch.randn(9, 50)
     x[0, :3] = torch.tensor([0.0, float("nan"), -0.0])
-    _check(g, x, torch.randn(9, 50), expect={"cpp": 1, "op": 1} if mask_escapes else {"cpp": 1})
+    _check(g, x, torch.randn(9, 50), expect={"cpp": 1, "op": 1} if mask_escapes else {"cpp": 1}, generator=generator)
 
 
 @pytest.mark.parametrize("shape", [(1, 2048, 1, 1), (2, 64, 7, 7), (3, 5)])
-def test_elementwise_kernel_over_any_row_split(shape):
+def test_elementwise_kernel_over_any_row_split(shape, generator):
     """Without broadcasts the flat space is split into long rows, whatever the shape."""
     g = Graph("flat")
     x = g.add_input("x", TensorType(shape, F32))
     y = g.add_input("y", TensorType(shape, F32))
     g.outputs = [g.add1("relu", [g.add1("add", [x, y])])]
-    _check(g, torch.randn(shape), torch.randn(shape), expect={"cpp": 1})
+    _check(g, torch.randn(shape), torch.randn(shape), expect={"cpp": 1}, generator=generator)
 
 
-def test_sums_over_middle_axes_stay_in_torch():
+def test_sums_over_middle_axes_stay_in_torch(generator):
     g = Graph("mid_sum")
     x = g.add_input("x", TensorType((4, 16, 8), F32))
     e = g.add1("exp", [x])
     g.outputs = [g.add1("sum", [e], {"dims": [1], "keepdim": True})]
-    _check(g, torch.randn(4, 16, 8), expect={"op": 2})
+    _check(g, torch.randn(4, 16, 8), expect={"op": 2}, generator=generator)
 
 
 @pytest.mark.parametrize("shape,dims,keepdim", [((16, 8), [0], True), ((1, 300, 1024), [0, 1], False),
                                                 ((3, 40, 24), [0, 1], True)])
-def test_column_sum_with_its_producer_is_one_kernel(shape, dims, keepdim):
+def test_column_sum_with_its_producer_is_one_kernel(shape, dims, keepdim, generator):
     """A bias gradient next to the gradient it sums (both written by the kernel); the
     middle shape is large enough to run on threads, each with its own partial sums."""
     g = Graph("col_sum")
@@ -224,16 +239,17 @@ def test_column_sum_with_its_producer_is_one_kernel(shape, dims, keepdim):
     grad = g.add_input("grad", TensorType(shape, F32))
     d = g.add1("mul", [g.add1("tanh", [x]), grad])
     g.outputs = [d, g.add1("sum", [d], {"dims": dims, "keepdim": keepdim})]
-    _check(g, torch.randn(shape), torch.randn(shape), atol=1e-4, rtol=1e-5, expect={"cpp": 1})
+    _check(g, torch.randn(shape), torch.randn(shape), atol=1e-4, rtol=1e-5, expect={"cpp": 1}, generator=generator)
 
 
-def test_large_kernel_runs_on_threads_and_matches():
+def test_large_kernel_runs_on_threads_and_matches(generator):
     g = Graph("big")
     x = g.add_input("x", TensorType((256, 1024), F32))
     g.outputs = [g.add1("gelu", [g.add1("add", [x, g.add_constant("b", torch.randn(1024))])])]
-    _check(g, torch.randn(256, 1024), expect={"cpp": 1})
+    _check(g, torch.randn(256, 1024), expect={"cpp": 1}, generator=generator)
 
 
+@needs_gxx
 def test_mlp_block_kernel_counts():
     """A fusion regression changes these counts: two library calls with post-ops (bias and
     GELU; bias and the residual add) and the layer norm; the rest is a view (the weights'
@@ -244,11 +260,13 @@ def test_mlp_block_kernel_counts():
     assert [s.name for s in lowered.steps if s.kind == "op"] == ["reshape", "layer_norm"]
 
 
+@needs_gxx
 def test_stacked_blocks_share_one_kernel_source():
     lowered = _check(stacked_mlp(layers=3), torch.randn(1, 16, 32), atol=1e-4, rtol=1e-4)
     assert len(lowered.sources) <= 1
 
 
+@needs_gxx
 def test_layout_free_kernel_keeps_channels_last_without_copies():
     g = Graph("cl")
     a = g.add_input("a", TensorType((1, 8, 5, 6), F32))
@@ -266,6 +284,7 @@ def test_layout_free_kernel_keeps_channels_last_without_copies():
     torch.testing.assert_close(out, torch.relu(x + y))
 
 
+@needs_gxx
 def test_layer_norm_statistics_read_in_its_own_group_stay_unfused():
     """Found by opweave fuzz (a training graph): a pointwise op reading layer norm's mean
     was fused with it, and the row kernel has no mean to hand over (fusion crashed)."""
@@ -289,6 +308,7 @@ def test_layer_norm_statistics_read_in_its_own_group_stay_unfused():
         torch.testing.assert_close(a, e)
 
 
+@needs_gxx
 @pytest.mark.parametrize("shape,size", [((1, 32, 1, 493), (1, 8)), ((2, 3, 7, 10), (3, 4)),
                                         ((1, 4, 5, 5), (5, 5)), ((300, 2, 9), (2, 4))])
 def test_adaptive_max_pool_kernel_matches_torch(shape, size):
@@ -310,6 +330,7 @@ def test_adaptive_max_pool_kernel_matches_torch(shape, size):
                                equal_nan=True, rtol=0, atol=0)
 
 
+@needs_gxx
 def test_adaptive_max_pool_with_indices_stays_in_torch():
     g = Graph("g")
     x = g.add_input("x", TensorType((1, 4, 1, 9), torch.float32))

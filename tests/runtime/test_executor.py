@@ -99,7 +99,7 @@ def test_input_mismatch_is_a_clear_error():
         ex(torch.randn(4, 5))
     with pytest.raises(InputError, match=r"takes 1 inputs, got 2"):
         ex(torch.randn(4, 4), torch.randn(4, 4))
-    with pytest.raises(InputError, match=r"input 0 \(%x\) is a meta tensor, expected a CPU strided"):
+    with pytest.raises(InputError, match=r"input 0 \(%x\) is a meta tensor, expected a cpu strided"):
         ex(torch.randn(4, 4, device="meta"))
     with pytest.raises(InputError, match=r"input 0 \(%x\) is a cpu sparse_coo tensor"):
         ex(torch.randn(4, 4).to_sparse())

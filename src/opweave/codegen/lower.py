@@ -27,6 +27,7 @@ from .render import FUSIBLE, KernelSource, render
 from .templates import render_single
 
 KERNELS_PER_UNIT = 16
+TARGETS = ("cpp", "triton")
 
 
 class FusionWarning(UserWarning):
@@ -39,7 +40,7 @@ class Step:
     inputs: list[Value]
     outputs: list[Value]
     nodes: list[Node]
-    kind: str                    # "op", "library", "cpp", "reference"
+    kind: str                    # "op", "library", "cpp", "triton", "reference"
     name: str = ""
     overwrites: Value | None = None  # an input whose storage the step writes its output into
     precision: str = "fp32"          # what its products compute in (codegen/precision.py)
@@ -100,12 +101,19 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
 
 def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
           ilp_seconds: float = 2.0, precision: str = "fp32",
-          apart: frozenset[Node] = frozenset()) -> Lowered:
+          apart: frozenset[Node] = frozenset(), target: str = "cpp") -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
     form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
     products, convolutions and attention on bfloat16 operands (codegen/precision.py).
-    Nodes in `apart` are fused with nothing (masks the memory budget keeps)."""
+    Nodes in `apart` are fused with nothing (masks the memory budget keeps).
+    `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels
+    and torch's CUDA libraries, for GPU tensors; codegen/triton)."""
+    if target not in TARGETS:
+        raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
+    if mode != "off" and target == "triton":
+        from .triton.lower import lower_for_triton
+        return lower_for_triton(graph, mode, ilp_seconds, precision, apart)
     if mode == "off":
         steps = [op_step(n, precision) for n in graph.nodes if n.op != "constant"]
         if precision != "fp32":

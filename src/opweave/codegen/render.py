@@ -45,7 +45,13 @@ class KernelSource:
     contiguous_only: bool = False
 
 
-class _Emitter:
+class GroupEmitter:
+    """What a fused group reads and writes and how each input is indexed from a row `r`
+    and a column `j` of its iteration space; subclasses spell loads and formulas in their
+    language (this one C++, codegen/triton the other)."""
+
+    int_div = "/"  # integer division of non-negative row numbers
+
     def __init__(self, graph: Graph, members: list[Node], escapes):
         self.graph = graph
         self.members = members
@@ -104,7 +110,7 @@ class _Emitter:
                 if strides[d] == 0 or size == 1:
                     continue
                 div = math.prod(lead[d + 1:])
-                row = "r" if div == 1 else f"(r / {div})"
+                row = "r" if div == 1 else f"(r {self.int_div} {div})"
                 terms.append(f"({row} % {size}) * {strides[d]}")
         if inner:
             terms.append("j")
@@ -188,7 +194,7 @@ def _ctype(v: Value) -> str:
 
 def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     """C++ for `members` (in graph order); `escapes(value)` says which values it writes."""
-    em = _Emitter(graph, members, escapes)
+    em = GroupEmitter(graph, members, escapes)
     reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
     lines = []
     for i, v in enumerate(em.outputs):
@@ -245,7 +251,7 @@ def _loop(em, nodes, at) -> list[str]:
 
 def _row_kernel(em, members, reduce, par) -> list[str]:
     c = em.cols
-    before = [n for n in members if n is not reduce and _reaches(n, reduce, set(members))]
+    before = [n for n in members if n is not reduce and reaches(n, reduce, set(members))]
     after = [n for n in members if n is not reduce and n not in before]
     x = reduce.inputs[0]
     y = em.names[reduce.outputs[0]]
@@ -299,7 +305,7 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
     """Prologue and sum in one pass over the row (no buffer); the epilogue, if any, in a
     second pass that recomputes the prologue values it reads."""
     c = em.cols
-    before = [n for n in members if n is not reduce and _reaches(n, reduce, set(members))]
+    before = [n for n in members if n is not reduce and reaches(n, reduce, set(members))]
     after = [n for n in members if n is not reduce and n not in before]
     y = em.names[reduce.outputs[0]]
     lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
@@ -347,7 +353,7 @@ def _column_sum_kernel(em, members, reduce, total) -> list[str]:
     return lines
 
 
-def _reaches(node: Node, target: Node, inside: set[Node]) -> bool:
+def reaches(node: Node, target: Node, inside: set[Node]) -> bool:
     """Whether `node` feeds `target` through members of the group."""
     stack, seen = [target], set()
     while stack:

@@ -26,13 +26,16 @@ from .native import NativeState
 
 
 class InputError(ValueError):
-    """Inputs that do not match the graph's declared input types, or not CPU tensors."""
+    """Inputs that do not match the graph's declared input types or the executor's device."""
 
 
 class Executor:
     def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
-                 steps=None, native: str = "off"):
+                 steps=None, native: str = "off", device: str = "cpu"):
         verify(graph)
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            native = "off"  # the native plan replays CPU kernels; CUDA graphs do this there
         self.native = NativeState(native, graph.name)
         self.graph = graph
         self.plan: MemoryPlan = plan_memory(graph)
@@ -58,9 +61,13 @@ class Executor:
         self.lowered_steps = steps
         for node in graph.nodes:
             if node.op == "constant":
-                self._base[slot[node.outputs[0]]] = graph.constants[node.attrs["name"]]
+                value = graph.constants[node.attrs["name"]]
+                self._base[slot[node.outputs[0]]] = value.to(self.device)
         if steps is not None:
             self._steps = _slot_steps(steps, slot, graph)
+            if self.device.type != "cpu":
+                self._steps = [(_on(self.device, call) if not ins else call, ins, outs, frees)
+                               for call, ins, outs, frees in self._steps]
             return
         for i, node in enumerate(graph.nodes):
             if node.op == "constant":
@@ -102,10 +109,11 @@ class Executor:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) must be a tensor, "
                                  f"got {type(t).__name__}")
-            if t.device.type != "cpu" or t.layout != torch.strided:
-                # generated kernels read raw CPU memory: anything else would crash them
+            if t.device.type != self.device.type or t.layout != torch.strided:
+                # generated kernels read raw memory: anything else would crash them
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) is a "
-                                 f"{_where(t)} tensor, expected a CPU strided tensor")
+                                 f"{_where(t)} tensor, expected a {self.device.type} "
+                                 "strided tensor")
             if tuple(t.shape) != want.shape or t.dtype != want.dtype:
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) has shape "
                                  f"{list(t.shape)} and dtype {t.dtype}, expected {want}")
@@ -157,6 +165,11 @@ class Executor:
                 env[slot] = None
         return [env[s].clone() if copy else env[s]
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
+
+
+def _on(device: torch.device, call: Callable) -> Callable:
+    """A step that reads no tensor (full, arange) creates its values where the rest are."""
+    return lambda: [t.to(device) for t in call()]
 
 
 def _where(t: torch.Tensor) -> str:

@@ -1,0 +1,168 @@
+"""Load generated Triton kernels and launch them.
+
+Triton compiles a `@triton.jit` function from its source file, so each kernel is written
+to `<cache>/triton/<name>.py`; the name carries the sha256 of the source, and a file is
+imported only after its content hashes to its name (a truncated or edited file is
+rewritten, never run). Launch configurations (rows and columns per program, warps) are
+measured on the GPU at a kernel's first call among a few candidates and recorded in the
+tuning database, keyed by the kernel and the GPU's name; on the CPU (Triton's
+interpreter) the first candidate is taken.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+import warnings
+
+import torch
+
+from ... import tune
+from ...files import atomic_write, cache_root
+from .render import TritonSource
+
+KIND = "triton-launch"  # the tuning database's record kind
+TILE = 2048             # elements per program a pointwise tile aims at
+
+
+def available() -> bool:
+    """Whether Triton is installed (an optional extra: `pip install opweave[triton]`)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def load(src: TritonSource):
+    """The compiled-on-first-launch `@triton.jit` function of `src`."""
+    module_name = f"opweave_triton_{src.name}"
+    if module_name in sys.modules:
+        return getattr(sys.modules[module_name], src.name)
+    folder = cache_root() / "triton"
+    path = folder / f"{src.name}_{_digest(src.body)[:16]}.py"
+    if not path.exists() or _digest(path.read_text()) != _digest(src.body):
+        atomic_write(path, lambda tmp: tmp.write_text(src.body))
+    text = path.read_text()
+    if _digest(text) != _digest(src.body):
+        raise RuntimeError(f"the Triton kernel file {path} does not hold the source written "
+                           "to it; refusing to import it")
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[module_name] = module
+    return getattr(module, src.name)
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def candidates(src: TritonSource) -> list[tuple[int, int, int]]:
+    """(BR, BC, warps) to try, the heuristic first."""
+    cols = src.cols
+    if src.kind in ("row", "row_sum"):
+        bc = _pow2(cols)
+        br = max(1, min(_pow2(src.rows), TILE // bc))
+        warps = 4 if bc * br <= 2048 else 8 if bc * br <= 8192 else 16
+        alts = [(br, bc, warps), (max(1, br // 2), bc, warps), (br, bc, max(1, warps // 2)),
+                (min(_pow2(src.rows), br * 2), bc, min(16, warps * 2))]
+    else:
+        bc = min(_pow2(cols), TILE if src.rows == 1 else 256)
+        br = max(1, min(_pow2(src.rows), TILE // bc)) if src.kind == "pointwise" else 32
+        alts = [(br, bc, 4), (br, bc, 8), (max(1, br // 2), bc, 4), (br, max(16, bc // 2), 4)]
+    return list(dict.fromkeys(alts))
+
+
+def _grid(src: TritonSource, br: int, bc: int, device) -> tuple[int, int]:
+    """(programs, column-sum slices)."""
+    ncb = -(-src.cols // bc)
+    if src.kind == "row" or src.kind == "row_sum":
+        return -(-src.rows // br), 1
+    if src.kind == "pointwise":
+        return -(-src.rows // br) * ncb, 1
+    # column sums: enough row slices to fill the GPU, each at least a few tiles long
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
+    slices = max(1, min(-(-src.rows // (4 * br)), -(-4 * sms // ncb)))
+    return ncb * slices, slices
+
+
+class TritonKernel:
+    """Calls one generated kernel: allocates its outputs on the inputs' device, passes
+    contiguous inputs, and adds a column sum's partial rows in order."""
+
+    def __init__(self, src: TritonSource):
+        self.source = src
+        self.fn = load(src)
+        self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
+        self.config: tuple[int, int, int] | None = None
+
+    def launch(self, config, outs, ins):
+        br, bc, warps = config
+        device = outs[0].device
+        programs, slices = _grid(self.source, br, bc, device)
+        extra = []
+        if self.source.reduced is not None:
+            part = torch.empty((slices, self.source.cols), dtype=torch.float32, device=device)
+            trips = -(-(-(-self.source.rows // slices)) // br)
+            extra = [part, slices, trips]
+        self.fn[(programs,)](*outs, *ins, *extra, BR=br, BC=bc, num_warps=warps)
+        if extra:
+            k = self.source.outputs.index(self.source.reduced)
+            outs[k] = torch.sum(part, 0).view(self.out_types[k][0])
+        return outs
+
+    def __call__(self, *inputs):
+        ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        device = inputs[0].device  # a fused group always reads a tensor
+        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.out_types]
+        if self.config is None:
+            self.config = self._choose(outs, ins)
+        return self.launch(self.config, outs, ins)
+
+    def _choose(self, outs, ins) -> tuple[int, int, int]:
+        options = candidates(self.source)
+        device = outs[0].device
+        if device.type != "cuda" or interpreting() or len(options) == 1:
+            return options[0]
+        key = (self.source.name, torch.cuda.get_device_name(device))
+        names = {f"{br}x{bc}w{w}": (br, bc, w) for br, bc, w in options}
+        recalled = tune.recall(KIND, key, names)
+        if recalled is not None:
+            return names[recalled[0]]
+        samples = {name: _cuda_times(lambda c=c: self.launch(c, list(outs), ins))
+                   for name, c in names.items()}
+        best = min(samples, key=lambda n: min(samples[n]))
+        tune.remember(KIND, key, best, samples)
+        return names[best]
+
+
+def _cuda_times(run, rounds: int = 5) -> list[float]:
+    """Seconds per launch, each round the mean of a few launches between CUDA events."""
+    run()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(3):
+            run()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 3e3)
+    return times
+
+
+def warn_unavailable(groups: int) -> None:
+    warnings.warn(f"opweave: Triton is not installed, so {groups} fused groups run as "
+                  "separate torch ops on the GPU (pip install 'opweave[triton]')",
+                  stacklevel=3)

@@ -1,0 +1,68 @@
+"""Lowering for GPU tensors: the same partition as on the CPU, each fused group a Triton
+kernel, each library call (matmul, convolution, attention) torch's CUDA library op.
+
+An anchor group (a GEMM or convolution with its epilogue) becomes the library call, as
+torch runs it on cuBLAS or cuDNN, followed by one Triton kernel for the whole epilogue
+(bias, activation, residual add): one extra pass over the product where eager pays one
+per epilogue op. Groups whose members Triton cannot take (another dtype, mixed shapes)
+run as torch ops.
+"""
+from __future__ import annotations
+
+from ...ir import Graph
+from ...ir.graph import Node
+from ...notices import warn_once
+from ...partition import Role, partition
+from ...partition.classify import iteration_shape
+from .. import precision as prec
+from ..render import FUSIBLE
+from . import kernel
+from .render import dtype_ok, render
+
+FUSED_ROLES = (Role.POINTWISE, Role.ROW_REDUCE, Role.COLUMN_SUM)
+
+
+def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str, apart):
+    from ..lower import FusionWarning, Lowered, Step, _drop_unread, _topological, op_step, reference_fn
+
+    part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, apart=apart)
+    ctx = part.ctx
+    lowered = Lowered([], part, notes=list(part.notes))
+    have_triton = kernel.available()
+    unbuilt = 0
+    for group in _topological(part):
+        nodes = part.ordered(group)
+        if ctx.role[nodes[0]] is Role.ANCHOR:
+            head = [n for n in nodes if n is nodes[0] or n.opdef.is_view]
+            lowered.steps += [op_step(n, precision) for n in head]
+            nodes = [n for n in nodes if n not in head]
+        if len(nodes) > 1 and not renderable(ctx, nodes):
+            lowered.notes.append(f"a group of {len(nodes)} nodes ({', '.join(n.op for n in nodes)}) "
+                                 "runs as torch ops: Triton's formulas do not cover it")
+        if len(nodes) <= 1 or not renderable(ctx, nodes):
+            lowered.steps += [op_step(n, precision) for n in nodes]
+            continue
+        src = render(graph, nodes, lambda v, g=group: ctx.escapes(v, g))
+        lowered.sources.append(src)
+        if not have_triton:
+            unbuilt += 1
+            fn = reference_fn(graph, nodes, src.inputs, src.outputs)
+            lowered.steps.append(Step(fn, src.inputs, src.outputs, nodes, "reference", src.name))
+            continue
+        lowered.steps.append(Step(kernel.TritonKernel(src), src.inputs, src.outputs, nodes,
+                                  "triton", src.name))
+    if unbuilt:
+        warn_once(f"opweave: Triton is not installed, so {unbuilt} fused groups run as separate "
+                  "torch ops on the GPU (pip install 'opweave[triton]')", FusionWarning)
+    _drop_unread(lowered, graph)
+    if precision != "fp32":
+        prec.hand_off_in_bf16(lowered.steps, graph.outputs)
+    return lowered
+
+
+def renderable(ctx, nodes: list[Node]) -> bool:
+    """Whether the nodes can be one Triton kernel: fusible roles, float32 or bool values,
+    one iteration space (an epilogue past a reshape is not)."""
+    space = iteration_shape(nodes[0])
+    return (all(ctx.role[n] in FUSED_ROLES for n in nodes) and dtype_ok(nodes)
+            and all(iteration_shape(n) == space for n in nodes))
