@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
             loss_every=1, example_kwargs=None, options=None, memory_budget=None,
-            precision=None, dynamic_shapes=None):
+            precision=None, dynamic_shapes=None, device=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -40,6 +40,9 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     `rewrite`: None (as in `options`), False, "eqsat", "greedy", "backtrack", "off", or
     `opweave.passes.rewrite.pipeline.RewriteOptions`.
     `fusion`: None (as in `options`), "ilp", "greedy", "off" or False.
+    `device`: None (where the example inputs and weights are; CUDA tensors run on Triton
+    kernels and torch's CUDA libraries, docs/gpu.md), "cpu", "cuda", or "auto" (each part
+    of the graph placed on the CPU or the GPU by measurement, schedule/placement.py).
 
     The compiled model computes what `model` computes on the same call. Calls bind to
     `forward`'s signature (keywords as in Python). Tensors keep the example's shapes and
@@ -54,7 +57,7 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
                     options=options, memory_budget=memory_budget, precision=precision,
-                    dynamic_shapes=dynamic_shapes)
+                    dynamic_shapes=dynamic_shapes, device=device)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,

@@ -122,6 +122,8 @@ def _bench(args) -> int:
 
     from .bench import harness, report
 
+    if args.device == "cuda":
+        return _gpu_bench(args)
     if args.overhead:
         return _overhead(args)
     if args.horizontal:
@@ -154,6 +156,27 @@ def _bench(args) -> int:
     if failures:
         print(f"opweave failed or differs from eager on: {', '.join(failures)}")
     return 1 if failures else 0
+
+
+def _gpu_bench(args) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from . import models
+    from .bench import gpu
+
+    if not torch.cuda.is_available():
+        print("--device cuda needs a CUDA GPU and a CUDA build of torch", file=sys.stderr)
+        return 2
+    backends = list(gpu.TRAIN_BACKENDS if args.mode == "train" else gpu.INFER_BACKENDS)
+    if args.max_autotune:
+        backends.insert(2, "inductor-max-autotune")
+    results = gpu.run(args.models or list(models.BENCHMARK_SET), backends, args.mode,
+                      args.precision, args.runs, args.calls, Path(args.out))
+    failed = [r.model for r in results for e in r.entries
+              if e.backend.startswith("opweave") and e.ms is None]
+    return 1 if failed else 0
 
 
 def _dynamic(args) -> int:
@@ -464,6 +487,14 @@ def _add_bench_parser(sub, models) -> None:
                    help="only dynamic shapes: one model (default bert-base) at each --batches "
                         "x --seqs size, opweave compiled once with dynamic=True against a "
                         "static compile per size, eager and Inductor dynamic=True")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the models on the GPU, in one process: eager, Inductor, ONNX "
+                        "Runtime's CUDA provider (if installed), opweave and opweave-dynamo "
+                        "(--mode, --precision, --runs, --models, --out apply; bench/gpu.py)")
+    p.add_argument("--max-autotune", action="store_true",
+                   help="--device cuda: add Inductor's max-autotune (minutes per model)")
+    p.add_argument("--calls", type=int, default=20,
+                   help="--device cuda: calls per timed sample")
     p.add_argument("--seqs", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256, 384, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],

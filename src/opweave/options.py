@@ -33,6 +33,7 @@ from typing import Mapping
 from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
+DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
 PRECISIONS = ("fp32", "bf16")
 # precisions the project plans that are not built, and why (said when one is asked for)
@@ -76,9 +77,15 @@ class Options:
     # operands with float32 accumulation, everything else float32 (codegen/precision.py);
     # inference graphs only: a training step computes in float32
     precision: str = "fp32"
+    # where the compiled graph runs: None (where its tensors are: the example inputs and
+    # the model's weights), "cpu", "cuda" (Triton kernels, docs/gpu.md), or "auto" (each
+    # part placed on the CPU or the GPU, schedule/placement.py)
+    device: str | None = None
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
+        if self.device is not None:
+            _choice("device", self.device, DEVICES)
         _check_precision(self.precision)
         _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
@@ -91,7 +98,7 @@ class Options:
 
     @classmethod
     def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
-                memory_budget=None, precision=None,
+                memory_budget=None, precision=None, device=None,
                 env: Mapping[str, str] | None = None) -> "Options":
         """`options` as given, or built from the environment; `rewrite=` and `fusion=`
         (the keyword arguments of opweave.compile) override either, and then no tuned
@@ -112,6 +119,8 @@ class Options:
             changes["memory_budget"] = memory_budget
         if precision is not None:
             changes["precision"] = precision
+        if device is not None:
+            changes["device"] = device
         return replace(options, **changes) if changes else options
 
     @classmethod
@@ -174,4 +183,4 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"${name} must be 0 or 1; got {env[name]!r}")
 
 
-__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES", "PRECISIONS"]
+__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES", "PRECISIONS", "DEVICES"]

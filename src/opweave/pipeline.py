@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
+import torch
+
 from . import cost, tune
 from .tune import configs, roofline
 from .files import atomic_write
@@ -28,6 +30,7 @@ from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
 from .runtime import Executor
+from .runtime.cuda_graphs import CudaGraphed
 
 
 class PassWarning(OpweaveFallbackWarning):
@@ -137,13 +140,16 @@ class PassRun:
         masks = self._hoist_masks(graph) if self.options.memory_budget is not None else ()
         start, size = time.perf_counter(), len(graph.nodes)
         precision = self.options.precision
+        device = self.options.device or "cpu"
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
         if self.options.fusion == "off":
             steps = None  # the executor's own step per op
             if self.options.memory_budget is not None or precision != "fp32":
                 steps = lower(graph, "off", precision=precision).steps
             if self.options.memory_budget is not None:
                 steps = self._rematerialized(graph, steps)
-            executor = Executor(graph, steps=steps, native=self.options.native)
+            executor = Executor(graph, steps=steps, native=self.options.native, device=device)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     "fusion off: one step per op"), None)
             return executor
@@ -151,25 +157,29 @@ class PassRun:
             with tune.using(tune.open_db(self.options.tuning_db)):
                 lowered = lower(graph, self.options.fusion, measure=self.options.measure,
                                 ilp_seconds=self.options.partition_seconds,
-                                precision=precision, apart=frozenset(masks))
+                                precision=precision, apart=frozenset(masks),
+                                target="triton" if device == "cuda" else "cpp")
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",
                       FusionWarning)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     failed=reason), None)
-            return Executor(graph, native=self.options.native)
+            return Executor(graph, native=self.options.native, device=device)
         steps = lowered.steps
         if self.options.memory_budget is not None:
             steps = self._rematerialized(graph, steps)
-        executor = Executor(graph, steps=steps, native=self.options.native)
+        executor = Executor(graph, steps=steps, native=self.options.native, device=device)
         executor.lowered = lowered
+        if device == "cuda":
+            executor = CudaGraphed(executor)
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
                                 f"{lowered.partition.method} partition: {counts}"), None)
         if self.dump_dir is not None:
             self._write("partition.txt", partition_report(lowered))
-            self._write("kernels.cpp", "\n".join(s.body for s in lowered.sources))
+            name = "kernels.py" if device == "cuda" else "kernels.cpp"
+            self._write(name, "\n".join(s.body for s in lowered.sources))
         return executor
 
     def _hoist_masks(self, graph: Graph) -> list:
@@ -300,6 +310,7 @@ def prepare_graph(graph: Graph, options: Options, *, strict: bool = False) -> Pr
     """Run the graph passes over `graph`, with its tuned configuration and this machine's
     measured roofline when the database has them. `strict`: an optional pass that fails
     raises instead of being skipped (the caller has another way to compile)."""
+    _constants_on_cpu(graph)
     key = configs.graph_key(graph)
     before = outline(graph)
     options, tuned = _tuned_options(graph, key[0], options)
@@ -310,6 +321,14 @@ def prepare_graph(graph: Graph, options: Options, *, strict: bool = False) -> Pr
         for p in GRAPH_PASSES:
             graph = run.apply(p, graph)
     return PreparedGraph(graph, options, machine, run.reports, key, before)
+
+
+def _constants_on_cpu(graph: Graph) -> None:
+    """The passes fold and transform weights on the CPU, whatever device they came from;
+    the executor moves them to the device the graph runs on."""
+    for name, value in graph.constants.items():
+        if value.device.type != "cpu":
+            graph.constants[name] = value.cpu()
 
 
 def lower_prepared(prepared: PreparedGraph, graph: Graph | None = None) -> CompiledGraph:

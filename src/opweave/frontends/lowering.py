@@ -53,7 +53,7 @@ def tensor_type(example) -> TensorType:
         raise Unsupported(f"expected a tensor, got {type(example).__name__}")
     if example.layout != torch.strided:
         raise Unsupported(f"{example.layout} tensors are not IR values")
-    if example.device.type not in ("cpu", "meta"):
+    if example.device.type not in ("cpu", "meta", "cuda"):
         raise Unsupported(f"tensors on {example.device} are not supported yet")
     if not dtypes.is_supported(example.dtype):
         raise Unsupported(f"dtype {example.dtype} is not supported")

@@ -11,7 +11,7 @@ import heapq
 import operator
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import torch
@@ -138,6 +138,16 @@ class _Segment:
     outputs: list[fx.Node] = field(default_factory=list)
 
 
+def _device_of(graph: fx.Graph, constants) -> str:
+    """"cuda" when the graph's example values or constants are on a GPU, else "cpu"."""
+    tensors = list(constants.values())
+    for node in graph.nodes:
+        example = node.meta.get("val", node.meta.get("example_value"))
+        tensors += [t for t in (example if isinstance(example, (list, tuple)) else [example])
+                    if isinstance(t, torch.Tensor)]
+    return "cuda" if any(t.device.type == "cuda" for t in tensors) else "cpu"
+
+
 class CompiledProgram:
     """The split graph, callable like the FX graph it came from."""
 
@@ -148,6 +158,8 @@ class CompiledProgram:
         self.options = Options.resolve(options)
         graph = gm.graph
         self.constants = dict(constants or {})
+        if self.options.device is None:
+            self.options = replace(self.options, device=_device_of(graph, self.constants))
         # The runtime arguments: placeholders not bound to constants, in order.
         self.placeholders = [n for n in graph.nodes
                              if n.op == "placeholder" and n not in self.constants]

@@ -2,9 +2,9 @@
 kernel, each library call (matmul, convolution, attention) torch's CUDA library op.
 
 An anchor group (a GEMM or convolution with its epilogue) becomes the library call, as
-torch runs it on cuBLAS or cuDNN, followed by one Triton kernel for the whole epilogue
-(bias, activation, residual add): one extra pass over the product where eager pays one
-per epilogue op. Groups whose members Triton cannot take (another dtype, mixed shapes)
+torch runs it on cuBLAS or cuDNN, followed by one Triton kernel for the epilogue (bias,
+activation, residual add; a reshape inside it cuts it in two): one extra pass over the
+product where eager pays one per epilogue op. Groups whose members Triton cannot take (another dtype, mixed shapes)
 run as torch ops.
 """
 from __future__ import annotations
@@ -31,26 +31,23 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
     have_triton = kernel.available()
     unbuilt = 0
     for group in _topological(part):
-        nodes = part.ordered(group)
-        if ctx.role[nodes[0]] is Role.ANCHOR:
-            head = [n for n in nodes if n is nodes[0] or n.opdef.is_view]
-            lowered.steps += [op_step(n, precision) for n in head]
-            nodes = [n for n in nodes if n not in head]
-        if len(nodes) > 1 and not renderable(ctx, nodes):
-            lowered.notes.append(f"a group of {len(nodes)} nodes ({', '.join(n.op for n in nodes)}) "
-                                 "runs as torch ops: Triton's formulas do not cover it")
-        if len(nodes) <= 1 or not renderable(ctx, nodes):
-            lowered.steps += [op_step(n, precision) for n in nodes]
-            continue
-        src = render(graph, nodes, lambda v, g=group: ctx.escapes(v, g))
-        lowered.sources.append(src)
-        if not have_triton:
-            unbuilt += 1
-            fn = reference_fn(graph, nodes, src.inputs, src.outputs)
-            lowered.steps.append(Step(fn, src.inputs, src.outputs, nodes, "reference", src.name))
-            continue
-        lowered.steps.append(Step(kernel.TritonKernel(src), src.inputs, src.outputs, nodes,
-                                  "triton", src.name))
+        for run in _runs(ctx, part.ordered(group)):
+            if len(run) <= 1 or not renderable(ctx, run):
+                if len(run) > 1:
+                    lowered.notes.append(f"a group of {len(run)} nodes ({', '.join(n.op for n in run)}) "
+                                         "runs as torch ops: Triton's formulas do not cover it")
+                lowered.steps += [op_step(n, precision) for n in run]
+                continue
+            members = frozenset(run)
+            src = render(graph, run, lambda v, m=members: ctx.escapes(v, m))
+            lowered.sources.append(src)
+            if not have_triton:
+                unbuilt += 1
+                fn = reference_fn(graph, run, src.inputs, src.outputs)
+                lowered.steps.append(Step(fn, src.inputs, src.outputs, run, "reference", src.name))
+                continue
+            lowered.steps.append(Step(kernel.TritonKernel(src), src.inputs, src.outputs, run,
+                                      "triton", src.name))
     if unbuilt:
         warn_once(f"opweave: Triton is not installed, so {unbuilt} fused groups run as separate "
                   "torch ops on the GPU (pip install 'opweave[triton]')", FusionWarning)
@@ -58,6 +55,24 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
     if precision != "fp32":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
     return lowered
+
+
+def _runs(ctx, nodes: list[Node]) -> list[list[Node]]:
+    """A group cut where its nodes stop being fusible: an anchor group's library call and
+    the views in its epilogue are steps of their own, in order, and the fusible nodes
+    between them are runs (a kernel each)."""
+    runs, current = [], []
+    for n in nodes:
+        if ctx.role[n] in FUSED_ROLES:
+            current.append(n)
+            continue
+        if current:
+            runs.append(current)
+            current = []
+        runs.append([n])
+    if current:
+        runs.append(current)
+    return runs
 
 
 def renderable(ctx, nodes: list[Node]) -> bool:

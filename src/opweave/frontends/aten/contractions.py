@@ -180,6 +180,39 @@ def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, 
     return ctx.add("attention_lse", inputs, attrs)
 
 
+def _cuda_attention(ctx, query, key, value, attn_mask, dropout_p, is_causal, scale, outputs):
+    """CUDA's SDPA kernels (flash, memory-efficient, cuDNN) as the IR's `attention` when
+    only their output is read (inference); the logsumexp a training graph reads is laid
+    out otherwise by each, and is not lowered: the node runs in eager."""
+    if any(_reads_output(ctx.node, i) for i in range(1, outputs)):
+        raise Unsupported("CUDA attention whose logsumexp is read (training)")
+    if dropout_p != 0.0:
+        raise Unsupported("attention dropout")
+    q, k, v = ctx.value(query), ctx.value(key), ctx.value(value)
+    scale = scale if scale is not None else q.type.shape[-1] ** -0.5
+    inputs = [q, k, v] + ([ctx.value(attn_mask)] if attn_mask is not None else [])
+    out = ctx.add1("attention", inputs, {"scale": float(scale), "causal": bool(is_causal)})
+    return [out] + [None] * (outputs - 1)
+
+
+@lowers(aten._scaled_dot_product_efficient_attention.default)
+def _efficient_attention(ctx, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                         is_causal=False, *, scale=None):
+    return _cuda_attention(ctx, query, key, value, attn_bias, dropout_p, is_causal, scale, 4)
+
+
+@lowers(aten._scaled_dot_product_flash_attention.default)
+def _cuda_flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False,
+                          return_debug_mask=False, *, scale=None):
+    return _cuda_attention(ctx, query, key, value, None, dropout_p, is_causal, scale, 9)
+
+
+@lowers(aten._scaled_dot_product_cudnn_attention.default)
+def _cudnn_attention(ctx, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
+                     is_causal=False, return_debug_mask=False, *, scale=None):
+    return _cuda_attention(ctx, query, key, value, attn_bias, dropout_p, is_causal, scale, 9)
+
+
 def _reads_output(node, index: int) -> bool:
     """Whether anything reads output `index` of a node returning a tuple."""
     return any(user.target is not operator.getitem or user.args[1] == index

@@ -109,7 +109,7 @@ def _index_add_zeros_shape(ins, attrs):
 def _index_add_zeros(index, values, rows):
     """Zeros with values[i] added into row index[i]: an embedding's weight gradient,
     written in place into a fresh buffer (index_put onto zeros would copy the zeros)."""
-    out = torch.zeros((rows,) + tuple(values.shape[1:]), dtype=values.dtype)
+    out = torch.zeros((rows,) + tuple(values.shape[1:]), dtype=values.dtype, device=values.device)
     return out.index_put_((index,), values, accumulate=True)
 
 

@@ -62,7 +62,11 @@ def _attention_dtype(ins, attrs):
 def _attention(q, k, v, mask=None, *, scale, causal):
     """softmax(scale * q k^T + mask) v, with a causal and a bool (keep) or additive mask:
     torch's fused CPU attention kernel, which never holds the [seq, seq] scores (at
-    Whisper's 1500 frames the math form took 4x as long)."""
+    Whisper's 1500 frames the math form took 4x as long). On a GPU, torch's SDPA picks
+    its flash, memory-efficient or cuDNN kernel."""
+    if q.is_cuda and 0 not in q.shape[1:3] and k.shape[2] != 0:
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     return _attention_lse(q, k, v, mask, scale=scale, causal=causal)[0]
 
 
@@ -71,9 +75,10 @@ def _attention_lse(q, k, v, mask=None, *, scale, causal):
     training step's backward recomputes the probabilities from), both from the fused
     kernel."""
     if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-    if 0 in q.shape[1:3] or k.shape[2] == 0:
-        # the fused kernel divides by the heads and both lengths: it dies of SIGFPE on 0
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    if 0 in q.shape[1:3] or k.shape[2] == 0 or q.is_cuda:
+        # the fused kernel divides by the heads and both lengths: it dies of SIGFPE on 0;
+        # on a GPU, CUDA's kernels lay the logsumexp out otherwise (not lowered yet)
         return _attention_math(q, k, v, mask, scale, causal)
     if mask is not None and mask.dim() < 4:  # the kernel takes 2-d or 4-d masks
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -93,7 +98,7 @@ def _attention_math(q, k, v, mask, scale, causal):
     """The unfused form, for shapes the fused kernel cannot take (an empty axis)."""
     scores = (q @ k.transpose(-2, -1)) * scale
     if causal:  # top-left aligned, as torch's kernels
-        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
         scores = scores + mask
@@ -150,8 +155,8 @@ def _attention_backward(grad, q, k, v, out, lse, mask=None, *, scale, causal):
     at 512 tokens, 576 MiB) and took a third of the math form's time (BERT-base's layer
     at batch 4: 60 vs 190 ms, two threads)."""
     if mask is not None and mask.dtype == torch.bool:
-        mask = torch.zeros(mask.shape, dtype=q.dtype).masked_fill_(~mask, float("-inf"))
-    if 0 in q.shape[1:3] or k.shape[2] == 0:  # the fused kernels divide by these
+        mask = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+    if 0 in q.shape[1:3] or k.shape[2] == 0 or q.is_cuda:  # (as the forward)
         return _attention_backward_math(grad, q, k, v, out, lse, mask, scale, causal)
     if mask is not None and mask.dim() < 4:
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -172,7 +177,7 @@ def _attention_backward_math(grad, q, k, v, out, lse, mask, scale, causal):
     dK = s dS^T Q. For the shapes the fused kernel cannot take (an empty axis)."""
     scores = (q @ k.transpose(-2, -1)) * scale
     if causal:
-        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+        keep = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~keep, float("-inf"))
     if mask is not None:
         scores = scores + mask
