@@ -1,6 +1,7 @@
 """`opweave bench --device cuda`: the benchmark models on one GPU, in one process.
 
-Backends: eager, Inductor (default, and max-autotune when asked), ONNX Runtime's CUDA
+Backends: eager, Inductor (default; with CUDA graphs, mode="reduce-overhead"; and
+max-autotune when asked), ONNX Runtime's CUDA
 provider where it is installed, opweave (`opweave.compile` on CUDA tensors) and
 opweave through `torch.compile(backend="opweave")`. Inference at the model's batch (1),
 or a training step (forward and backward of the model's loss). fp32 with TF32 allowed in
@@ -24,7 +25,8 @@ from pathlib import Path
 import torch
 import torch.utils._pytree as pytree
 
-INFER_BACKENDS = ("eager", "inductor", "ort-cuda", "opweave", "opweave-dynamo")
+INFER_BACKENDS = ("eager", "inductor", "inductor-cudagraphs", "ort-cuda", "opweave",
+                  "opweave-dynamo")
 TRAIN_BACKENDS = ("eager", "inductor", "opweave")
 OPTIONAL = ("inductor-max-autotune",)
 
@@ -82,6 +84,8 @@ def _infer_callables(name: str, bench, backend: str, precision: str):
         return wrap(module)
     if backend == "inductor":
         return wrap(torch.compile(module))
+    if backend == "inductor-cudagraphs":
+        return wrap(torch.compile(module, mode="reduce-overhead"))
     if backend == "inductor-max-autotune":
         return wrap(torch.compile(module, mode="max-autotune"))
     if backend == "opweave":
@@ -89,12 +93,23 @@ def _infer_callables(name: str, bench, backend: str, precision: str):
                                    precision="bf16" if precision == "bf16" else None)
         return lambda: compiled(*inputs)
     if backend == "opweave-dynamo":
+        _register_backend()
         options = {"precision": "bf16"} if precision == "bf16" else {}
         fn = torch.compile(module, backend="opweave", options=options)
         return lambda: _no_grad(fn, inputs)
     if backend == "ort-cuda":
         return _ort_cuda(module, inputs)
     raise ValueError(f"unknown GPU backend {backend!r}")
+
+
+def _register_backend() -> None:
+    """The entry point registers "opweave" when the package is installed; a checkout run
+    from its source tree (PYTHONPATH=src) registers it here."""
+    from torch._dynamo import list_backends, register_backend
+
+    if "opweave" not in list_backends(exclude_tags=()):
+        from ..frontends.torch_dynamo import opweave_backend
+        register_backend(name="opweave")(opweave_backend)
 
 
 def _no_grad(fn, inputs):

@@ -51,7 +51,9 @@ class TensorStamp:
         self.versions = list(map(_version, self.tensors))
         self.layouts = [(t.shape, t.stride()) for t in strided]
         self.pointers = list(map(_data_ptr, strided))  # sparse tensors have no data_ptr
-        self._samples = [s for s in map(_sample_view, strided) if s is not None]
+        # on a GPU the fingerprint would synchronize the host with it on every call: there,
+        # identity, versions, layouts and storage are checked, and `p.data` writes are not
+        self._samples = [s for s in map(_sample_view, strided) if s is not None] if self._cpu else []
         self._fingerprint = torch.cat(self._samples) if self._samples else None
 
     def matches(self, current: Sequence[torch.Tensor]) -> bool:

@@ -33,7 +33,7 @@ class CudaGraphed:
     def __init__(self, executor):
         self.executor = executor
         self.calls = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
+        self.cuda_graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
         self.why_not: str | None = _too_large(executor)
@@ -42,17 +42,17 @@ class CudaGraphed:
         return getattr(self.executor, name)
 
     def __call__(self, *inputs):
-        if self.graph is not None and self._fits(inputs):
+        if self.cuda_graph is not None and self._fits(inputs):
             for mine, given in zip(self.static_inputs, inputs):
                 mine.copy_(given)
-            self.graph.replay()
+            self.cuda_graph.replay()
             return [t.clone() for t in self.static_outputs]
         self.calls += 1
         if self.why_not is None and self.calls > WARMUP_CALLS and self._plain(inputs):
             try:
                 return self._capture(inputs)
             except Exception as err:  # noqa: BLE001  (capture is an optimization)
-                self.graph = None
+                self.cuda_graph = None
                 self.why_not = f"its capture failed ({type(err).__name__}: {err})"
                 warn_once(f"opweave: graph {self.executor.graph.name} runs without CUDA graph "
                           f"replay: {self.why_not}", CudaGraphWarning)
@@ -77,7 +77,7 @@ class CudaGraphed:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             self.static_outputs = list(self.executor(*self.static_inputs))
-        self.graph = graph
+        self.cuda_graph = graph
         graph.replay()
         return [t.clone() for t in self.static_outputs]
 

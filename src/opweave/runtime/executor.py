@@ -124,6 +124,9 @@ class Executor:
             outputs = plan.run(inputs)
             if outputs is not None:
                 return outputs
+        if self.device.type != "cpu":  # a 0-d CPU tensor (a scalar) goes where the rest are
+            inputs = [t.to(self.device) if isinstance(t, torch.Tensor) and t.dim() == 0
+                      and t.device != self.device else t for t in inputs]
         if self.check_inputs:
             self._check(inputs)
         if native.pending:
