@@ -75,8 +75,22 @@ class CudaGraphed:
             self.executor(*self.static_inputs)  # allocations settle before capture
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.static_outputs = list(self.executor(*self.static_inputs))
+        running: list[int] = []  # the step being captured, to name it if capture fails
+
+        def named(i, fn):
+            def run(*args):
+                running[:] = [i]
+                return fn(*args)
+            return run
+        try:
+            with self.executor.instrumented(named), torch.cuda.graph(graph):
+                self.static_outputs = list(self.executor(*self.static_inputs))
+        except Exception as err:
+            steps = self.executor.lowered_steps
+            if running and steps is not None:
+                step = steps[running[0]]
+                raise RuntimeError(f"at step {running[0]} ({step.kind} {step.name}): {err}") from err
+            raise
         self.cuda_graph = graph
         graph.replay()
         return [t.clone() for t in self.static_outputs]

@@ -171,8 +171,16 @@ class Executor:
 
 
 def _on(device: torch.device, call: Callable) -> Callable:
-    """A step that reads no tensor (full, arange) creates its values where the rest are."""
-    return lambda: [t.to(device) for t in call()]
+    """A step that reads no tensor (full, arange: values the graph fixes) runs once, its
+    values moved to the device the rest run on and reused: a copy from the host cannot
+    be part of a CUDA graph."""
+    made: list[torch.Tensor] = []
+
+    def run():
+        if not made:
+            made.extend(t.to(device) for t in call())
+        return list(made)
+    return run
 
 
 def _where(t: torch.Tensor) -> str:

@@ -1,6 +1,8 @@
 """What the ATen lowering rules share: the `aten` namespace and small shape helpers."""
 from __future__ import annotations
 
+import operator
+
 import torch
 
 aten = torch.ops.aten
@@ -22,3 +24,9 @@ def _pair(v, default=None):
     if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
         return default
     return list(v) * 2 if len(v) == 1 else list(v)
+
+
+def reads_output(node, index: int) -> bool:
+    """Whether anything reads output `index` of a node returning a tuple."""
+    return any(user.target is not operator.getitem or user.args[1] == index
+               for user in node.users)

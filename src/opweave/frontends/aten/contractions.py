@@ -1,12 +1,11 @@
 """Contractions and windows: matmul, sparse mm, convolution and its backward, average pooling, padding, attention."""
 from __future__ import annotations
 
-import operator
 
 import torch
 
 from ..lowering import Unsupported, lowers
-from .common import _pair, _shape, aten
+from .common import _pair, _shape, aten, reads_output
 from .layout import _expand, reshape
 
 # -- contractions ------------------------------------------------------------------------------
@@ -175,7 +174,7 @@ def _flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False, *, 
     scale = scale if scale is not None else q.type.shape[-1] ** -0.5
     inputs = [q, k, v] + ([ctx.value(attn_mask)] if attn_mask is not None else [])
     attrs = {"scale": float(scale), "causal": bool(is_causal)}
-    if not _reads_output(ctx.node, 1):
+    if not reads_output(ctx.node, 1):
         return [ctx.add1("attention", inputs, attrs), None]
     return ctx.add("attention_lse", inputs, attrs)
 
@@ -184,7 +183,7 @@ def _cuda_attention(ctx, query, key, value, attn_mask, dropout_p, is_causal, sca
     """CUDA's SDPA kernels (flash, memory-efficient, cuDNN) as the IR's `attention` when
     only their output is read (inference); the logsumexp a training graph reads is laid
     out otherwise by each, and is not lowered: the node runs in eager."""
-    if any(_reads_output(ctx.node, i) for i in range(1, outputs)):
+    if any(reads_output(ctx.node, i) for i in range(1, outputs)):
         raise Unsupported("CUDA attention whose logsumexp is read (training)")
     if dropout_p != 0.0:
         raise Unsupported("attention dropout")
@@ -211,12 +210,6 @@ def _cuda_flash_attention(ctx, query, key, value, dropout_p=0.0, is_causal=False
 def _cudnn_attention(ctx, query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0,
                      is_causal=False, return_debug_mask=False, *, scale=None):
     return _cuda_attention(ctx, query, key, value, attn_bias, dropout_p, is_causal, scale, 9)
-
-
-def _reads_output(node, index: int) -> bool:
-    """Whether anything reads output `index` of a node returning a tuple."""
-    return any(user.target is not operator.getitem or user.args[1] == index
-               for user in node.users)
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)

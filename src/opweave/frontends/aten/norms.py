@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..lowering import Unsupported, lowers
-from .common import _dims, _shape, aten
+from .common import _dims, _shape, aten, reads_output
 from .layout import reshape
 
 # -- reductions and normalization --------------------------------------------------------------
@@ -109,6 +109,8 @@ def _batch_norm(ctx, x, weight, bias, mean, var, momentum, eps):
     w = _ones_or(ctx, weight, channels, v.type.dtype, 1.0)
     b = _ones_or(ctx, bias, channels, v.type.dtype, 0.0)
     out = ctx.add1("batch_norm", [v, w, b, ctx.value(mean), ctx.value(var)], {"eps": eps})
+    if not any(reads_output(ctx.node, i) for i in (1, 2)):
+        return [out, None, None]  # (CUDA's kernel returns statistics where the CPU's has none)
     # ATen returns empty saved statistics in eval mode; the backward reads the running ones
     empty = ctx.graph.add_constant("empty_stats", torch.empty(0, dtype=v.type.dtype))
     return [out, empty, empty]

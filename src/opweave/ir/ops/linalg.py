@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.attention
 
 from ._common import Attr, MappingType, ShapeError, broadcast, define
 
@@ -59,14 +60,21 @@ def _attention_dtype(ins, attrs):
     return dtype
 
 
+_GPU_ATTENTION = [torch.nn.attention.SDPBackend.FLASH_ATTENTION,
+                  torch.nn.attention.SDPBackend.EFFICIENT_ATTENTION,
+                  torch.nn.attention.SDPBackend.MATH]
+
+
 def _attention(q, k, v, mask=None, *, scale, causal):
     """softmax(scale * q k^T + mask) v, with a causal and a bool (keep) or additive mask:
     torch's fused CPU attention kernel, which never holds the [seq, seq] scores (at
     Whisper's 1500 frames the math form took 4x as long). On a GPU, torch's SDPA picks
-    its flash, memory-efficient or cuDNN kernel."""
+    its flash or memory-efficient kernel (not cuDNN's, whose call copies from the host and
+    so cannot be captured in a CUDA graph)."""
     if q.is_cuda and 0 not in q.shape[1:3] and k.shape[2] != 0:
-        return torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+        with torch.nn.attention.sdpa_kernel(_GPU_ATTENTION):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     return _attention_lse(q, k, v, mask, scale=scale, causal=causal)[0]
 
 
