@@ -142,7 +142,9 @@ class PassRun:
         precision = self.options.precision
         device = self.options.device or "cpu"
         if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+            if torch.cuda.is_available() and self.options.memory_budget is None:
+                return self._placed(graph)
+            device = "cpu"
         if self.options.fusion == "off":
             steps = None  # the executor's own step per op
             if self.options.memory_budget is not None or precision != "fp32":
@@ -181,6 +183,33 @@ class PassRun:
             name = "kernels.py" if device == "cuda" else "kernels.cpp"
             self._write(name, "\n".join(s.body for s in lowered.sources))
         return executor
+
+    def _placed(self, graph: Graph):
+        """device="auto": the graph's groups placed on the CPU and the GPU by their measured
+        times (schedule/placement.py); one device's whole-graph plan when that is faster."""
+        from .runtime.placed import OnDevice, PlacedExecutor, measure_costs
+        from .schedule.placement import group, place
+
+        start = time.perf_counter()
+        compiled: dict[tuple[str, str], Callable] = {}
+
+        def compile_group(g: Graph, device: str):
+            key = (g.name, device)
+            if key not in compiled:
+                compiled[key] = PassRun(replace(self.options, device=device), g.name).lower(g)
+            return compiled[key]
+
+        groups = group(graph)
+        placement = place(groups, measure_costs(graph, groups, compile_group))
+        self._record(PassReport("placement", time.perf_counter() - start, len(graph.nodes),
+                                len(groups), placement.explain(groups)), None)
+        if placement.mixed:
+            return PlacedExecutor(graph, groups, placement, compile_group)
+        device = placement.devices[0] if placement.devices else "cpu"
+        whole = PassRun(replace(self.options, device=device), graph.name)
+        executor = whole.lower(graph)
+        self.reports.extend(whole.reports)
+        return OnDevice(executor, device)
 
     def _hoist_masks(self, graph: Graph) -> list:
         """Under a memory budget, activations the backward only compares with a constant
