@@ -59,3 +59,10 @@ def test_options_are_immutable_and_typed():
         Options().fusion = "off"  # type: ignore[misc]
     with pytest.raises(TypeError, match="opweave.Options"):
         Options.resolve({"fusion": "off"})  # type: ignore[arg-type]
+
+
+def test_device_is_validated_and_resolved():
+    assert Options().device is None
+    assert Options.resolve(Options(), device="auto").device == "auto"
+    with pytest.raises(ValueError, match="device must be one of cpu, cuda, auto; got 'gpu'"):
+        Options(device="gpu")

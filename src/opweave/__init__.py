@@ -61,18 +61,19 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,
-            memory_budget=None, precision=None, dynamic_shapes=None):
+            memory_budget=None, precision=None, dynamic_shapes=None, device=None):
     """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks, and
     the rewrite pass's rules fired and estimated cost before and after; with `train=True`
     the training step (`model` returns the loss), with each graph's peak memory and what
     was recomputed to meet `memory_budget`; with `precision="bf16"`, how many steps run in
     bf16 and on which of the CPU's units; with `dynamic_shapes`, each symbolic segment's
-    plans and its peak memory as a formula over the size symbols."""
+    plans and its peak memory as a formula over the size symbols; with `device="auto"`,
+    where each group of operators runs and why."""
     from .explanation import explain as _explain
 
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite,
                     train=train, memory_budget=memory_budget, precision=precision,
-                    dynamic_shapes=dynamic_shapes)
+                    dynamic_shapes=dynamic_shapes, device=device)
 
 
 def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None, precision=None):

@@ -145,6 +145,9 @@ class PassRun:
             if torch.cuda.is_available() and self.options.memory_budget is None:
                 return self._placed(graph)
             device = "cpu"
+            why = "no CUDA GPU" if not torch.cuda.is_available() else "a memory budget"
+            self._record(PassReport("placement", 0.0, size, size,
+                                    f"placement: all on the cpu ({why})"), None)
         if self.options.fusion == "off":
             steps = None  # the executor's own step per op
             if self.options.memory_budget is not None or precision != "fp32":

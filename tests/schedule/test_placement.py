@@ -110,3 +110,18 @@ def test_placed_executor_runs_groups_in_the_placement_order_with_their_own_plans
     for got, want in zip(run(x), Executor(g)(x)):
         torch.testing.assert_close(got, want)
     assert [len(ns) for ns in run.step_nodes()] == [2, 2, 1]
+
+
+def test_auto_without_a_gpu_runs_on_the_cpu_and_says_so():
+    import pytest
+
+    import opweave
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(2, 8)
+    compiled = opweave.compile(model, (x,), device="auto")
+    torch.testing.assert_close(compiled(x), model(x))
+    (graph,) = compiled.program.compiled_graphs
+    assert graph.report("placement") == "placement: all on the cpu (no CUDA GPU)"
