@@ -10,15 +10,12 @@ from opweave.codegen import lower
 from opweave.runtime import Executor
 
 from ..conftest import MODEL_NAMES, compiled_small, small_model
-from .triton_env import needs_triton, triton_device
+from .triton_env import needs_triton, no_tf32, triton_device  # noqa: F401 (a fixture)
 
 
 @needs_triton
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_model_graphs_lowered_for_triton_match_the_reference(name, monkeypatch):
-    # the reference runs in float32 on the CPU: no TF32 in the GPU's products either
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
+def test_model_graphs_lowered_for_triton_match_the_reference(name, no_tf32):
     compiled = compiled_small(name)
     graphs = compiled.graphs
     assert graphs

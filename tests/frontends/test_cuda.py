@@ -13,19 +13,14 @@ import opweave
 from opweave.notices import OpweaveFallbackWarning
 from opweave.runtime.cuda_graphs import CudaGraphed
 
+from ..codegen.triton_env import no_tf32  # noqa: F401 (a fixture)
 from ..conftest import MODEL_NAMES, small_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-@pytest.fixture(autouse=True)
-def _no_tf32(monkeypatch):
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)
-
-
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_model_runs_on_cuda_and_replays_a_cuda_graph(name):
+def test_model_runs_on_cuda_and_replays_a_cuda_graph(name, no_tf32):
     bench = small_model(name)
     module = bench.module.eval().cuda()
     inputs = tuple(t.cuda() for t in bench.inputs)

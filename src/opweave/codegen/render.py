@@ -123,7 +123,7 @@ class GroupEmitter:
 
     def expr(self, node: Node) -> str:
         ins = [self.load(v) for v in node.inputs]
-        return _formula(node, ins)
+        return formula(node, ins, CPP)
 
 
 def _literal(graph: Graph, v: Value) -> str | None:
@@ -165,27 +165,50 @@ FUSIBLE = Fusible(
 )
 
 
-def _formula(node: Node, a: list[str]) -> str:
+@dataclass(frozen=True)
+class Spelling:
+    """How a generator writes the formulas of FUSIBLE's ops: a template per unary (and
+    other fixed-form) op, the two binary operator tables, GELU's two forms, a select and
+    a float literal. C++ here, Triton in codegen/triton/render.py."""
+
+    unary: dict
+    arithmetic: dict
+    compare: dict
+    gelu_erf: str
+    gelu_tanh: str
+    select: str                 # "{c}", "{a}", "{b}": c ? a : b
+    float_suffix: str = ""
+
+
+def formula(node: Node, a: list[str], spelling: Spelling) -> str:
     op = node.op
-    binary = _ARITHMETIC.get(op) or _COMPARE.get(op)
+    binary = spelling.arithmetic.get(op) or spelling.compare.get(op)
     if binary:
         return f"({a[0]} {binary} {a[1]})"
-    if op in _UNARY:
-        return _UNARY[op].format(*a)
+    if op in spelling.unary:
+        return spelling.unary[op].format(*a)
     if op == "gelu":
-        if node.attrs["approximate"] == "tanh":
-            return (f"(0.5f * {a[0]} * (1.0f + ow_tanh(0.7978845608028654f * "
-                    f"({a[0]} + 0.044715f * {a[0]} * {a[0]} * {a[0]}))))")
-        return f"(0.5f * {a[0]} * (1.0f + ow_erf({a[0]} * 0.7071067811865476f)))"
+        form = spelling.gelu_tanh if node.attrs["approximate"] == "tanh" else spelling.gelu_erf
+        return form.format(a[0])
     if op == "clamp":
         x = a[0]
         lo, hi = node.attrs["min"], node.attrs["max"]
         if lo is not None:
-            x = f"({x} < {float(lo)!r}f ? {float(lo)!r}f : {x})"
+            lit = f"{float(lo)!r}{spelling.float_suffix}"
+            x = spelling.select.format(c=f"{x} < {lit}", a=lit, b=x)
         if hi is not None:
-            x = f"({x} > {float(hi)!r}f ? {float(hi)!r}f : {x})"
+            lit = f"{float(hi)!r}{spelling.float_suffix}"
+            x = spelling.select.format(c=f"{x} > {lit}", a=lit, b=x)
         return x
-    raise NotImplementedError(f"no C++ formula for {op}")
+    raise NotImplementedError(f"no formula for {op}")
+
+
+CPP = Spelling(
+    _UNARY, _ARITHMETIC, _COMPARE,
+    gelu_erf="(0.5f * {0} * (1.0f + ow_erf({0} * 0.7071067811865476f)))",
+    gelu_tanh=("(0.5f * {0} * (1.0f + ow_tanh(0.7978845608028654f * "
+               "({0} + 0.044715f * {0} * {0} * {0}))))"),
+    select="({c} ? {a} : {b})", float_suffix="f")
 
 
 def _ctype(v: Value) -> str:

@@ -23,7 +23,7 @@ import torch
 
 from ...ir.graph import Node, Value
 from ...partition.classify import is_column_sum
-from ..render import ROW_REDUCE_OPS, ROW_SUM_OPS, GroupEmitter, reaches
+from ..render import ROW_REDUCE_OPS, ROW_SUM_OPS, GroupEmitter, Spelling, formula, reaches
 
 KINDS = ("pointwise", "row", "row_sum", "column_sum")
 
@@ -56,27 +56,12 @@ _UNARY = {
 }
 
 
-def formula(node: Node, a: list[str]) -> str:
-    op = node.op
-    binary = _ARITHMETIC.get(op) or _COMPARE.get(op)
-    if binary:
-        return f"({a[0]} {binary} {a[1]})"
-    if op in _UNARY:
-        return _UNARY[op].format(*a)
-    if op == "gelu":
-        if node.attrs["approximate"] == "tanh":
-            return (f"(0.5 * {a[0]} * (1.0 + ow_tanh(0.7978845608028654 * "
-                    f"({a[0]} + 0.044715 * {a[0]} * {a[0]} * {a[0]}))))")
-        return f"(0.5 * {a[0]} * (1.0 + tl.erf({a[0]} * 0.7071067811865476)))"
-    if op == "clamp":
-        x = a[0]
-        lo, hi = node.attrs["min"], node.attrs["max"]
-        if lo is not None:
-            x = f"tl.where({x} < {float(lo)!r}, {float(lo)!r}, {x})"
-        if hi is not None:
-            x = f"tl.where({x} > {float(hi)!r}, {float(hi)!r}, {x})"
-        return x
-    raise NotImplementedError(f"no Triton formula for {op}")
+TRITON = Spelling(
+    _UNARY, _ARITHMETIC, _COMPARE,
+    gelu_erf="(0.5 * {0} * (1.0 + tl.erf({0} * 0.7071067811865476)))",
+    gelu_tanh=("(0.5 * {0} * (1.0 + ow_tanh(0.7978845608028654 * "
+               "({0} + 0.044715 * {0} * {0} * {0}))))"),
+    select="tl.where({c}, {a}, {b})")
 
 
 def _literal(text: str) -> str:
@@ -110,7 +95,7 @@ class TritonEmitter(GroupEmitter):
         if node.op == "pow":  # ow_pow's tests need tensors: a literal becomes a full tile
             args = [f"tl.full(m.shape, {a}, tl.float32)" if v in self.literals else a
                     for v, a in zip(node.inputs, args)]
-        return f"{self.names[node.outputs[0]]} = {formula(node, args)}"
+        return f"{self.names[node.outputs[0]]} = {formula(node, args, TRITON)}"
 
     def stores(self, nodes, at: str = "r * {c} + j", mask: str = "m") -> list[str]:
         at = at.format(c=self.cols)
@@ -147,10 +132,19 @@ def render(graph, members: list[Node], escapes) -> TritonSource:
                         _node_lines(em, body))
 
 
-def _tile(em, rows_of_program: str = "tl.program_id(0) // NCB * BR") -> list[str]:
+def _tile(em) -> list[str]:
+    """Program p takes row block p // NCB and column block p % NCB."""
     return [f"NCB = {_cdiv_text(em.cols)}",
-            f"r = ({rows_of_program} + tl.arange(0, BR)).to(tl.int64)[:, None]",
+            "r = (tl.program_id(0) // NCB * BR + tl.arange(0, BR)).to(tl.int64)[:, None]",
             "j = (tl.program_id(0) % NCB * BC + tl.arange(0, BC)).to(tl.int64)[None, :]",
+            "zero = tl.zeros((BR, BC), tl.int64)",
+            f"m = (r < {em.rows}) & (j < {em.cols})"]
+
+
+def _row_tile(em) -> list[str]:
+    """Program p takes rows [p * BR, (p + 1) * BR), each whole (BC >= the row)."""
+    return ["r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)[:, None]",
+            "j = tl.arange(0, BC).to(tl.int64)[None, :]",
             "zero = tl.zeros((BR, BC), tl.int64)",
             f"m = (r < {em.rows}) & (j < {em.cols})"]
 
@@ -178,9 +172,7 @@ def _row(em, members, reduce) -> list[str]:
     c = em.cols
     before, after = _split(members, reduce)
     y = em.names[reduce.outputs[0]]
-    lines = _tile(em, "tl.program_id(0) * BR")[1:]
-    lines[1] = "j = tl.arange(0, BC).to(tl.int64)[None, :]"
-    lines += [em.declare(n) for n in before]
+    lines = _row_tile(em) + [em.declare(n) for n in before]
     lines.append(f"x = {em.load(reduce.inputs[0])}")
     lines += em.stores(before)
     if reduce.op == "layer_norm":
@@ -207,9 +199,7 @@ def _row_sum(em, members, reduce) -> list[str]:
     c = em.cols
     before, after = _split(members, reduce)
     y = em.names[reduce.outputs[0]]
-    lines = _tile(em, "tl.program_id(0) * BR")[1:]
-    lines[1] = "j = tl.arange(0, BC).to(tl.int64)[None, :]"
-    lines += [em.declare(n) for n in before]
+    lines = _row_tile(em) + [em.declare(n) for n in before]
     lines += em.stores(before)
     total = f" / {c}.0" if reduce.op == "mean" else ""
     lines.append(f"{y} = tl.sum(tl.where(m, {em.load(reduce.inputs[0])}, 0.0), 1)[:, None]{total}")
