@@ -104,7 +104,7 @@ class TritonKernel:
         self.source = src
         self.fn = load(src)
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
-        self.config: tuple[int, int, int] | None = None
+        self.config: tuple[int, ...] | None = None
 
     def launch(self, config, outs, ins):
         br, bc, warps = config
@@ -129,13 +129,16 @@ class TritonKernel:
             self.config = self._choose(outs, ins)
         return self.launch(self.config, outs, ins)
 
-    def _choose(self, outs, ins) -> tuple[int, int, int]:
-        options = candidates(self.source)
+    def candidates(self) -> list[tuple[int, ...]]:
+        return candidates(self.source)
+
+    def _choose(self, outs, ins) -> tuple[int, ...]:
+        options = self.candidates()
         device = outs[0].device
         if device.type != "cuda" or interpreting() or len(options) == 1:
             return options[0]
         key = (self.source.name, torch.cuda.get_device_name(device))
-        names = {f"{br}x{bc}w{w}": (br, bc, w) for br, bc, w in options}
+        names = {"x".join(map(str, c)): c for c in options}
         recalled = tune.recall(KIND, key, names)
         if recalled is not None:
             return names[recalled[0]]

@@ -31,7 +31,9 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
     have_triton = kernel.available()
     unbuilt = 0
     for group in _topological(part):
-        for run in _runs(ctx, part.ordered(group)):
+        nodes = part.ordered(group)
+        split_at = len(lowered.steps)
+        for run in _runs(ctx, nodes):
             if len(run) <= 1 or not renderable(ctx, run):
                 if len(run) > 1:
                     lowered.notes.append(f"a group of {len(run)} nodes ({', '.join(n.op for n in run)}) "
@@ -48,6 +50,10 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
                 continue
             lowered.steps.append(Step(kernel.TritonKernel(src), src.inputs, src.outputs, run,
                                       "triton", src.name))
+        if have_triton and ctx.role[nodes[0]] is Role.ANCHOR and nodes[0].op == "matmul":
+            template = _gemm_step(nodes, lowered.steps[split_at:])
+            if template is not None:
+                lowered.steps[split_at:] = [template]
     if unbuilt:
         warn_once(f"opweave: Triton is not installed, so {unbuilt} fused groups run as separate "
                   "torch ops on the GPU (pip install 'opweave[triton]')", FusionWarning)
@@ -55,6 +61,46 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
     if precision != "fp32":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
     return lowered
+
+
+def _gemm_step(nodes: list[Node], split: list):
+    """A linear layer's group as one step choosing, by measurement, between the split
+    steps (cuBLAS, then the epilogue) and the Triton template with the epilogue inside."""
+    import torch
+
+    from ..lower import Step
+    from .gemm import GemmChoice, GemmTemplateKernel, render_gemm
+
+    anchor, chain = nodes[0], nodes[1:]
+    if not chain:
+        return None
+    src = render_gemm(anchor, chain, torch.backends.cuda.matmul.allow_tf32)
+    if src is None:
+        return None
+    made = {v for st in split for v in st.outputs}
+    extra = [v for st in split for v in st.inputs if v not in made and v not in src.inputs]
+    inputs = src.inputs + list(dict.fromkeys(extra))
+    outputs = [src.outputs[0]]
+    if any(v not in made for v in outputs):
+        return None
+    template = GemmTemplateKernel(src, _strides(src))
+    fn = GemmChoice(_sequence(split, inputs, outputs), template, len(src.inputs))
+    return Step(fn, inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
+
+
+def _strides(src) -> tuple[int, int]:
+    from .gemm import _weight_strides
+    return _weight_strides(src.inputs[1])
+
+
+def _sequence(steps: list, inputs, outputs):
+    """The steps as one function of `inputs` returning `outputs`."""
+    def run(*args):
+        env = dict(zip(inputs, args))
+        for st in steps:
+            env.update(zip(st.outputs, st.fn(*[env[v] for v in st.inputs])))
+        return [env[v] for v in outputs]
+    return run
 
 
 def _runs(ctx, nodes: list[Node]) -> list[list[Node]]:

@@ -25,7 +25,7 @@ from ...ir.graph import Node, Value
 from ...partition.classify import is_column_sum
 from ..render import ROW_REDUCE_OPS, ROW_SUM_OPS, GroupEmitter, Spelling, formula, reaches
 
-KINDS = ("pointwise", "row", "row_sum", "column_sum")
+KINDS = ("pointwise", "row", "row_sum", "column_sum", "gemm")
 
 
 @dataclass

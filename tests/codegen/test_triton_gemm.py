@@ -1,0 +1,65 @@
+"""The Triton GEMM template with the epilogue inside, against the graph's reference ops
+(forced on: outside a GPU the split form is what runs), and the choice between it and
+cuBLAS plus an epilogue kernel."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opweave.codegen import lower
+from opweave.codegen.triton.gemm import GemmChoice
+from opweave.ir import Graph, TensorType
+from opweave.runtime import Executor
+
+from ..partition.graphs import linear, mlp_block
+from .triton_env import needs_triton, no_tf32, triton_device  # noqa: F401 (a fixture)
+
+pytestmark = needs_triton
+
+
+def _run(g: Graph, force: str, *inputs):
+    lowered = lower(g, "ilp", measure=False, target="triton")
+    choices = [s.fn for s in lowered.steps if isinstance(s.fn, GemmChoice)]
+    for choice in choices:
+        choice.chosen = force
+    device = triton_device()
+    got = Executor(g, steps=lowered.steps, device=device)(*[x.to(device) for x in inputs])
+    return [t.cpu() for t in got], lowered
+
+
+@pytest.mark.parametrize("force", ["template", "split"])
+def test_linear_layers_with_their_epilogues_match_the_reference(force, no_tf32):
+    """BERT's feed-forward block: bias and GELU after the first product; bias, a reshape
+    and the residual add after the second (the weights as transposed views of [N, K])."""
+    g = mlp_block(rows=20, width=48, hidden=80)
+    x = torch.randn(1, 20, 48)
+    got, lowered = _run(g, force, x)
+    assert [s.name for s in lowered.steps if s.name.endswith("(gemm)")] == [
+        "matmul+add+gelu (gemm)", "matmul+add+reshape+add (gemm)"]
+    for a, b in zip(got, Executor(g)(x)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_weight_stored_as_it_is_read_with_an_activation(no_tf32):
+    """A [K, N] weight (strides (N, 1)), not the transposed view of an [N, K] one; sizes
+    that no tile divides."""
+    g = Graph("lin_relu")
+    x = g.add_input("x", TensorType((33, 17), torch.float32))
+    y = g.add1("matmul", [x, g.add_constant("w", torch.randn(17, 40))])
+    g.outputs = [g.add1("relu", [y])]
+    data = torch.randn(33, 17)
+    got, lowered = _run(g, "template", data)
+    assert [s.kind for s in lowered.steps] == ["triton"]
+    torch.testing.assert_close(got[0], Executor(g)(data)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_the_split_form_runs_outside_a_gpu():
+    g = Graph("lin")
+    x = g.add_input("x", TensorType((4, 32), torch.float32))
+    g.outputs = [g.add1("gelu", [linear(g, x, 32, 16, "fc")])]
+    if torch.cuda.is_available():
+        pytest.skip("on a GPU the choice is measured")
+    lowered = lower(g, "ilp", measure=False, target="triton")
+    (choice,) = [s.fn for s in lowered.steps if isinstance(s.fn, GemmChoice)]
+    Executor(g, steps=lowered.steps)(torch.randn(4, 32))
+    assert choice.chosen == "split"
