@@ -190,7 +190,7 @@ class PassRun:
     def _placed(self, graph: Graph):
         """device="auto": the graph's groups placed on the CPU and the GPU by their measured
         times (schedule/placement.py); one device's whole-graph plan when that is faster."""
-        from .runtime.placed import OnDevice, PlacedExecutor, measure_costs
+        from .schedule.placed import OnDevice, PlacedExecutor, measure_costs
         from .schedule.placement import group, place
 
         start = time.perf_counter()

@@ -88,7 +88,7 @@ def test_placed_executor_runs_groups_in_the_placement_order_with_their_own_plans
     from opweave.codegen import lower
     from opweave.codegen.triton.kernel import available
     from opweave.runtime import Executor
-    from opweave.runtime.placed import PlacedExecutor
+    from opweave.schedule.placed import PlacedExecutor
     from opweave.schedule.placement import Placement
 
     if not available():

@@ -6,7 +6,7 @@ devices, and place them so that independent CPU and GPU work overlaps, transfers
    only reader and reads only that group), so no tensor inside a chain ever crosses
    devices, and branches stay separate groups: where the graph forks, work can overlap.
 2. Costs (`CostTable`): seconds per group on each device (measured by
-   runtime/placed.py, or given: tests use simulated devices) and the link's bandwidth and
+   schedule/placed.py, or given: tests use simulated devices) and the link's bandwidth and
    latency.
 3. Placement (`place`): list scheduling in the order of HEFT's upward rank (a group's cost
    plus the longest path of costs and transfers after it); each group goes to the device

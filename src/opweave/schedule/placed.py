@@ -19,8 +19,8 @@ import torch
 
 from ..ir import Graph
 from ..ir.graph import Value
-from ..schedule.placement import CostTable, Placement, Subgraph
-from .native import NativeState
+from .placement import CostTable, Placement, Subgraph
+from ..runtime.native import NativeState
 
 # (group's graph, device) -> a callable running it on tensors of that device
 CompileGroup = Callable[[Graph, str], Callable]
