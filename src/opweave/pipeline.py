@@ -141,6 +141,10 @@ class PassRun:
         start, size = time.perf_counter(), len(graph.nodes)
         precision = self.options.precision
         device = self.options.device or "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError(f"device='cuda' was asked for {graph.name}, but torch "
+                               f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
+                               "'auto'")
         if device == "auto":
             if torch.cuda.is_available() and self.options.memory_budget is None:
                 return self._placed(graph)

@@ -125,3 +125,15 @@ def test_auto_without_a_gpu_runs_on_the_cpu_and_says_so():
     torch.testing.assert_close(compiled(x), model(x))
     (graph,) = compiled.program.compiled_graphs
     assert graph.report("placement") == "placement: all on the cpu (no CUDA GPU)"
+
+
+def test_cuda_without_a_gpu_is_a_clear_error():
+    import pytest
+
+    import opweave
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    model = torch.nn.Linear(4, 4)
+    with pytest.raises(RuntimeError, match="device='cuda' was asked for .* sees no CUDA GPU"):
+        opweave.compile(model, (torch.randn(1, 4),), device="cuda")

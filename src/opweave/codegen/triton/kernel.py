@@ -123,7 +123,7 @@ class TritonKernel:
 
     def __call__(self, *inputs):
         ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
-        device = inputs[0].device  # a fused group always reads a tensor
+        device = inputs[0].device if inputs else _default_device()
         outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.out_types]
         if self.config is None:
             self.config = self._choose(outs, ins)
@@ -147,6 +147,11 @@ class TritonKernel:
         best = min(samples, key=lambda n: min(samples[n]))
         tune.remember(KIND, key, best, samples)
         return names[best]
+
+
+def _default_device() -> torch.device:
+    """Where a kernel that reads no tensor writes (its inputs were all literals)."""
+    return torch.device("cpu" if interpreting() else "cuda")
 
 
 def _cuda_times(run, rounds: int = 5) -> list[float]:
