@@ -40,6 +40,19 @@ def test_linear_layers_with_their_epilogues_match_the_reference(force, no_tf32):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
 
 
+def test_the_split_epilogue_is_one_kernel_across_a_reshape_that_keeps_the_rows(no_tf32):
+    """cuBLAS, then bias, reshape and residual add as one Triton kernel (the reshape only
+    regroups the rows: the same tile), with a residual read past the reshape."""
+    g = mlp_block(rows=12, width=32, hidden=48)
+    lowered = lower(g, "ilp", measure=False, target="triton")
+    (choice,) = [s.fn for s in lowered.steps if s.name == "matmul+add+reshape+add (gemm)"]
+    assert [st.kind for st in choice.split.steps] == ["op", "triton"]
+    assert [n.op for n in choice.split.steps[1].nodes] == ["add", "reshape", "add"]
+    x = torch.randn(1, 12, 32)
+    got, _ = _run(g, "split", x)
+    torch.testing.assert_close(got[0], Executor(g)(x)[0], atol=1e-4, rtol=1e-4)
+
+
 def test_a_weight_stored_as_it_is_read_with_an_activation(no_tf32):
     """A [K, N] weight (strides (N, 1)), not the transposed view of an [N, K] one; sizes
     that no tile divides."""

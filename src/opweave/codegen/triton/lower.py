@@ -9,15 +9,17 @@ run as torch ops.
 """
 from __future__ import annotations
 
+import math
+
 from ...ir import Graph
 from ...ir.graph import Node
 from ...notices import warn_once
 from ...partition import Role, partition
 from ...partition.classify import iteration_shape
 from .. import precision as prec
-from ..render import FUSIBLE
+from ..render import FUSIBLE, ROW_REDUCE_OPS, ROW_SUM_OPS
 from . import kernel
-from .render import dtype_ok, render
+from .render import dtype_ok, keeps_rows, render
 
 FUSED_ROLES = (Role.POINTWISE, Role.ROW_REDUCE, Role.COLUMN_SUM)
 
@@ -84,7 +86,7 @@ def _gemm_step(nodes: list[Node], split: list):
     if any(v not in made for v in outputs):
         return None
     template = GemmTemplateKernel(src, _strides(src))
-    fn = GemmChoice(_sequence(split, inputs, outputs), template, len(src.inputs))
+    fn = GemmChoice(Sequence(split, inputs, outputs), template, len(src.inputs))
     return Step(fn, inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
 
 
@@ -93,14 +95,17 @@ def _strides(src) -> tuple[int, int]:
     return _weight_strides(src.inputs[1])
 
 
-def _sequence(steps: list, inputs, outputs):
-    """The steps as one function of `inputs` returning `outputs`."""
-    def run(*args):
-        env = dict(zip(inputs, args))
-        for st in steps:
+class Sequence:
+    """Steps run as one function of `inputs` returning `outputs` (a group's split form)."""
+
+    def __init__(self, steps: list, inputs, outputs):
+        self.steps, self.inputs, self.outputs = steps, list(inputs), list(outputs)
+
+    def __call__(self, *args):
+        env = dict(zip(self.inputs, args))
+        for st in self.steps:
             env.update(zip(st.outputs, st.fn(*[env[v] for v in st.inputs])))
-        return [env[v] for v in outputs]
-    return run
+        return [env[v] for v in self.outputs]
 
 
 def _runs(ctx, nodes: list[Node]) -> list[list[Node]]:
@@ -109,7 +114,7 @@ def _runs(ctx, nodes: list[Node]) -> list[list[Node]]:
     between them are runs (a kernel each)."""
     runs, current = [], []
     for n in nodes:
-        if ctx.role[n] in FUSED_ROLES:
+        if ctx.role[n] in FUSED_ROLES or (current and keeps_rows(n)):
             current.append(n)
             continue
         if current:
@@ -122,8 +127,27 @@ def _runs(ctx, nodes: list[Node]) -> list[list[Node]]:
 
 
 def renderable(ctx, nodes: list[Node]) -> bool:
-    """Whether the nodes can be one Triton kernel: fusible roles, float32 or bool values,
-    one iteration space (an epilogue past a reshape is not)."""
+    """Whether the nodes can be one Triton kernel: fusible roles (and reshapes that keep
+    the rows), float32 or bool values, one iteration space. Past such a reshape, an
+    operand must be of the full size or a row vector: the kernel reads those through
+    the flat layout, the same before and after."""
     space = iteration_shape(nodes[0])
-    return (all(ctx.role[n] in FUSED_ROLES for n in nodes) and dtype_ok(nodes)
-            and all(iteration_shape(n) == space for n in nodes))
+    if not dtype_ok(nodes) or any(ctx.role[n] not in FUSED_ROLES and not keeps_rows(n)
+                                  for n in nodes):
+        return False
+    inside = {v for n in nodes for v in n.outputs}
+    for n in nodes:
+        shape = iteration_shape(n)
+        if shape == space:
+            continue
+        if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS or math.prod(shape) != math.prod(space) \
+                or not shape or shape[-1] != space[-1]:
+            return False
+        for v in n.inputs:
+            t = v.type
+            if v in inside or t.numel == 1 or t.numel == math.prod(space) and t.shape[-1] == space[-1]:
+                continue
+            if t.numel == space[-1] and t.shape[-1] == space[-1]:
+                continue  # a row vector (a bias): by column
+            return False
+    return True

@@ -17,6 +17,7 @@ Kernel arguments: outputs, then inputs (contiguous), then a column sum's partial
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -84,6 +85,12 @@ class TritonEmitter(GroupEmitter):
             return self.names[v]
         return f"tl.load({self.arg(v)} + {self.offset(v)}, mask=m, other=0)"
 
+    def index(self, v: Value) -> str:
+        if not self.elementwise and _same_rows(v.type.shape, self.shape) \
+                and tuple(v.type.shape) != tuple(self.shape):
+            return f"r * {self.cols} + j"  # full size past a reshape: the same flat layout
+        return super().index(v)
+
     def offset(self, v: Value) -> str:
         """The input's element offsets as a full [BR, BC] tile (tl.load broadcasts the
         mask to the pointers' shape, not the other way)."""
@@ -91,6 +98,8 @@ class TritonEmitter(GroupEmitter):
         return index if index == "j" else f"({index}) + zero"
 
     def declare(self, node: Node) -> str:
+        if node.op == "reshape":  # rows x columns unchanged: the same tile
+            return f"{self.names[node.outputs[0]]} = {self.load(node.inputs[0])}"
         args = [self.load(v) for v in node.inputs]
         if node.op == "pow":  # ow_pow's tests need tensors: a literal becomes a full tile
             args = [f"tl.full(m.shape, {a}, tl.float32)" if v in self.literals else a
@@ -239,6 +248,18 @@ def _node_lines(em, body: str) -> dict:
         found[node] = next((i for i, text in enumerate(lines, 1)
                             if text.strip().startswith(declared)), 0)
     return found
+
+
+def _same_rows(shape, full) -> bool:
+    """Whether `shape` is `full` with its leading axes regrouped (same size, same last
+    axis): what a reshape inside an epilogue leaves."""
+    return (len(shape) > 0 and len(full) > 0 and shape[-1] == full[-1]
+            and math.prod(shape) == math.prod(full))
+
+
+def keeps_rows(node: Node) -> bool:
+    """A reshape that only regroups the leading axes: free inside a kernel."""
+    return node.op == "reshape" and _same_rows(node.outputs[0].type.shape, node.inputs[0].type.shape)
 
 
 def dtype_ok(members: list[Node]) -> bool:
