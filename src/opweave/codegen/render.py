@@ -87,6 +87,10 @@ class GroupEmitter:
             return self.literals[v]
         if v in self.names:
             return self.names[v]
+        return self.element(v)
+
+    def element(self, v: Value) -> str:
+        """Input `v`'s element at the current row and column."""
         return f"{self.arg(v)}[{self.index(v)}]"
 
     def index(self, v: Value) -> str:

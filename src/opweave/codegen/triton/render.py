@@ -78,11 +78,7 @@ class TritonEmitter(GroupEmitter):
         super().__init__(graph, members, escapes)
         self.literals = {v: _literal(t) for v, t in self.literals.items()}
 
-    def load(self, v: Value) -> str:
-        if v in self.literals:
-            return self.literals[v]
-        if v in self.names:
-            return self.names[v]
+    def element(self, v: Value) -> str:
         return f"tl.load({self.arg(v)} + {self.offset(v)}, mask=m, other=0)"
 
     def index(self, v: Value) -> str:
