@@ -48,9 +48,24 @@ def test_independent_branches_overlap_when_transfers_are_cheap():
     placement = place(groups, _costs(10e-3, 10e-3))
     assert placement.mixed
     assert sorted(placement.devices[:2]) == ["cpu", "cuda"]
+    # the host issues the GPU branch before it runs the CPU one: else they would not overlap
+    assert placement.devices[placement.order[0]] == "cuda"
     assert placement.makespan < 0.6 * min(placement.single.values())
     assert "overlap" in placement.reason
     assert "group 0 on" in placement.explain(groups)
+
+
+def test_a_cpu_group_issued_first_would_hold_the_gpu_branch_back():
+    """The simulation runs what the runtime runs: one host thread. Issued CPU-first, the
+    GPU branch would start only when the CPU branch ends."""
+    from opweave.schedule.placement import _producers, _simulate
+
+    groups = group(two_branches())
+    rank = [2.0, 1.0, 0.0]  # rank alone would put the CPU branch first
+    order, finish = _simulate(groups, _producers(groups), rank, ["cpu", "cuda", "cpu"],
+                              _costs(10e-3, 10e-3))
+    assert order == [1, 0, 2]
+    assert finish[1] < 11e-3 and finish[0] < 11e-3
 
 
 def test_transfers_that_dominate_keep_one_device():
@@ -137,3 +152,20 @@ def test_cuda_without_a_gpu_is_a_clear_error():
     model = torch.nn.Linear(4, 4)
     with pytest.raises(RuntimeError, match="device='cuda' was asked for .* sees no CUDA GPU"):
         opweave.compile(model, (torch.randn(1, 4),), device="cuda")
+
+
+def test_a_linear_layer_keeps_its_transposed_weight_in_its_group():
+    """The layout pass stores weights transposed and reads them through a permute: the
+    view travels with the constant, so the matmul's group reads only activations and
+    stays a linear layer (with its library form) once extracted."""
+    from opweave.schedule.placed import group_graph
+
+    from ..partition.graphs import mlp_block
+
+    g = mlp_block(rows=8, width=16, hidden=32)
+    groups = group(g)
+    assert all(n.op != "permute" for s in groups for n in s.nodes)
+    assert all(v.producer is None or v.producer.op != "permute" for s in groups for v in s.inputs)
+    for sub in groups:
+        extracted = group_graph(g, sub)
+        assert [v.type for v in extracted.inputs] == [v.type for v in sub.inputs]

@@ -27,15 +27,23 @@ CompileGroup = Callable[[Graph, str], Callable]
 
 
 def group_graph(graph: Graph, sub: Subgraph) -> Graph:
-    """The group's nodes as a graph: its inputs, the constants it reads, its outputs."""
+    """The group's nodes as a graph: its inputs, the constants it reads (and their views,
+    rebuilt), its outputs."""
     g = Graph(f"{graph.name}_g{sub.index}")
     mapped: dict[Value, Value] = {v: g.add_input(v.name, v.type) for v in sub.inputs}
-    for node in sub.nodes:
-        for v in node.inputs:
+
+    def value(v: Value) -> Value:
+        if v not in mapped:  # a constant or a view of one: not a group's input
             p = v.producer
-            if v not in mapped and p is not None and p.op == "constant":
+            if p.op == "constant":
                 mapped[v] = g.add_constant(p.attrs["name"], graph.constants[p.attrs["name"]])
-        outs = g.add(node.op, [mapped[v] for v in node.inputs], node.attrs, source=node.source)
+            else:
+                outs = g.add(p.op, [value(x) for x in p.inputs], p.attrs, source=p.source)
+                mapped.update(zip(p.outputs, outs))
+        return mapped[v]
+
+    for node in sub.nodes:
+        outs = g.add(node.op, [value(v) for v in node.inputs], node.attrs, source=node.source)
         mapped.update(zip(node.outputs, outs))
     g.outputs = [mapped[v] for v in sub.outputs]
     return g

@@ -8,12 +8,15 @@ devices, and place them so that independent CPU and GPU work overlaps, transfers
 2. Costs (`CostTable`): seconds per group on each device (measured by
    schedule/placed.py, or given: tests use simulated devices) and the link's bandwidth and
    latency.
-3. Placement (`place`): list scheduling in the order of HEFT's upward rank (a group's cost
-   plus the longest path of costs and transfers after it); each group goes to the device
-   where it would finish first, counting the transfers of inputs produced on the other
-   device. GPU work is asynchronous to the host, so a GPU group issued before a CPU group
-   runs beside it. DUET's correction step: the schedule is kept only when its makespan
-   beats every single-device schedule; otherwise the whole graph runs on the faster device.
+3. Placement (`place`): HEFT chooses each group's device (ready groups in the order of
+   their upward rank, a group's cost plus the longest path of costs and transfers after
+   it; each on the device it would finish first on, transfers of inputs made on the
+   other device and of the caller's inputs and outputs counted). The choice is then
+   simulated as the runtime runs it: one host thread runs the CPU groups and issues the
+   GPU ones, which the GPU runs in order; issuing costs the host nothing, so ready GPU
+   groups are issued first, and that is where the two overlap. DUET's correction step:
+   the simulated mixed schedule is kept only when it beats every single-device schedule,
+   simulated the same way; otherwise the whole graph runs on the faster device.
 """
 from __future__ import annotations
 
@@ -87,9 +90,9 @@ def _nbytes(v: Value) -> int:
 
 
 def group(graph: Graph) -> list[Subgraph]:
-    """The graph's non-constant nodes in chains (see the module's docstring), in
-    topological order of the groups."""
-    nodes = [n for n in graph.nodes if n.op != "constant"]
+    """The graph's nodes (but constants and their views) in chains (see the module's
+    docstring), in topological order of the groups."""
+    nodes = [n for n in graph.nodes if not constant_like(n)]
     readers: dict[Value, list[Node]] = {}
     for n in nodes:
         for v in n.inputs:
@@ -124,8 +127,16 @@ def _values(nodes: list[Node]) -> list[Value]:
     return [v for n in nodes for v in n.outputs]
 
 
+def constant_like(node: Node) -> bool:
+    """A constant, or a view of one (a weight stored transposed is read through a
+    permute): each group that reads it holds its own copy, so no weight ever crosses
+    devices per call and a linear layer keeps its weight (and its library form)."""
+    return node.op == "constant" or (node.opdef.is_view and bool(node.inputs) and all(
+        v.producer is not None and constant_like(v.producer) for v in node.inputs))
+
+
 def _constant(v: Value) -> bool:
-    return v.producer is not None and v.producer.op == "constant"
+    return v.producer is not None and constant_like(v.producer)
 
 
 def _producers(groups: list[Subgraph]) -> list[list[int]]:
@@ -136,73 +147,106 @@ def _producers(groups: list[Subgraph]) -> list[list[int]]:
 def place(groups: list[Subgraph], costs: CostTable) -> Placement:
     """Each group's device and the issue order (see the module's docstring)."""
     preds = _producers(groups)
-    succs: list[list[int]] = [[] for _ in groups]
-    for i, ps in enumerate(preds):
-        for p in ps:
-            succs[p].append(i)
+    succs = _successors(preds)
     devices = [d for d in DEVICES if d in costs.seconds]
     rank = [0.0] * len(groups)
     for i in reversed(range(len(groups))):  # groups are in topological order
         mean = sum(costs.seconds[d][i] for d in devices) / len(devices)
         rank[i] = mean + max((costs.transfer(groups[s].bytes_in(groups[i])) + rank[s]
                               for s in succs[i]), default=0.0)
-    single = {d: sum(costs.seconds[d]) + (0.0 if d == costs.home else sum(
-        costs.transfer(g.bytes_from_caller()) + costs.transfer(g.bytes_to_caller())
-        for g in groups)) for d in devices}
-    order, finish, where = _list_schedule(groups, preds, rank, costs, devices)
+    runs = {d: _simulate(groups, preds, rank, [d] * len(groups), costs) for d in devices}
+    single = {d: max(finish, default=0.0) for d, (_, finish) in runs.items()}
+    where = _assign(groups, preds, rank, costs, devices)
+    order, finish = _simulate(groups, preds, rank, where, costs)
     makespan = max(finish, default=0.0)
     best = min(single, key=single.get)
     if makespan < single[best] * (1 - 1e-9) and len(set(where)) > 1:
         reason = (f"CPU and GPU overlap: {makespan * 1e3:.3f} ms against {single[best] * 1e3:.3f} "
                   f"ms on the {best} alone")
         return Placement(where, order, makespan, single, finish, reason)
-    finish_one, t = [0.0] * len(groups), 0.0
-    for i, g in enumerate(groups):
-        t += costs.seconds[best][i]
-        if best != costs.home:
-            t += costs.transfer(g.bytes_from_caller()) + costs.transfer(g.bytes_to_caller())
-        finish_one[i] = t
     reason = (f"all on the {best}: splitting the graph would take {makespan * 1e3:.3f} ms "
               f"with transfers, against {single[best] * 1e3:.3f} ms")
-    return Placement([best] * len(groups), list(range(len(groups))), single[best], single,
-                     finish_one, reason)
+    order, finish = runs[best]
+    return Placement([best] * len(groups), order, single[best], single, finish, reason)
 
 
-def _list_schedule(groups, preds, rank, costs: CostTable, devices):
-    """HEFT: ready groups by descending rank, each on the device it finishes first on."""
+def _successors(preds: list[list[int]]) -> list[list[int]]:
+    succs: list[list[int]] = [[] for _ in preds]
+    for i, ps in enumerate(preds):
+        for p in ps:
+            succs[p].append(i)
+    return succs
+
+
+def _assign(groups, preds, rank, costs: CostTable, devices) -> list[str]:
+    """HEFT's device choice: ready groups by descending rank, each on the device it would
+    finish first on, the devices taken as independent."""
     free = dict.fromkeys(devices, 0.0)
     finish = [0.0] * len(groups)
     where = [devices[0]] * len(groups)
     waiting = [len(p) for p in preds]
-    succs: list[list[int]] = [[] for _ in groups]
-    for i, ps in enumerate(preds):
-        for p in ps:
-            succs[p].append(i)
+    succs = _successors(preds)
     ready = [i for i, w in enumerate(waiting) if w == 0]
-    order = []
     while ready:
         ready.sort(key=lambda i: (-rank[i], i))
         i = ready.pop(0)
         best_device, best_end = None, None
         for d in devices:
-            start = free[d]
-            if d != costs.home:
-                start += costs.transfer(groups[i].bytes_from_caller())
-            for p in preds[i]:
-                arrival = finish[p]
-                if where[p] != d:
-                    arrival += costs.transfer(groups[i].bytes_in(groups[p]))
-                start = max(start, arrival)
-            end = start + costs.seconds[d][i]
-            if d != costs.home:
-                end += costs.transfer(groups[i].bytes_to_caller())
+            start = max([free[d] + _from_caller(groups[i], d, costs)]
+                        + [_arrival(groups, finish, where, p, i, d, costs) for p in preds[i]])
+            end = start + costs.seconds[d][i] + _to_caller(groups[i], d, costs)
             if best_end is None or end < best_end - 1e-12:
                 best_device, best_end = d, end
         where[i], finish[i] = best_device, best_end
         free[best_device] = best_end
+        for s in succs[i]:
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                ready.append(s)
+    return where
+
+
+def _simulate(groups, preds, rank, where: list[str], costs: CostTable):
+    """(issue order, finish times) of running the groups where `where` says, as the
+    runtime runs them: one host thread runs the CPU groups and issues the GPU ones, which
+    then run in order on the GPU's stream. Issuing costs the host nothing, so ready GPU
+    groups go first; a CPU group reading a GPU value waits for it (and its copy)."""
+    host = gpu = 0.0
+    finish = [0.0] * len(groups)
+    waiting = [len(p) for p in preds]
+    succs = _successors(preds)
+    ready = [i for i, w in enumerate(waiting) if w == 0]
+    order = []
+    while ready:
+        ready.sort(key=lambda i: (where[i] != "cuda", -rank[i], i))
+        i = ready.pop(0)
+        d = where[i]
+        start = max([host + _from_caller(groups[i], d, costs)]
+                    + [_arrival(groups, finish, where, p, i, d, costs) for p in preds[i]])
+        if d == "cuda":
+            start = max(start, gpu)
+            gpu = start + costs.seconds[d][i]
+            finish[i] = gpu + _to_caller(groups[i], d, costs)
+        else:
+            host = start + costs.seconds[d][i]
+            finish[i] = host + _to_caller(groups[i], d, costs)
         order.append(i)
         for s in succs[i]:
             waiting[s] -= 1
             if waiting[s] == 0:
                 ready.append(s)
-    return order, finish, where
+    return order, finish
+
+
+def _arrival(groups, finish, where, p: int, i: int, device: str, costs: CostTable) -> float:
+    """When group p's outputs that group i reads are on `device`."""
+    moved = costs.transfer(groups[i].bytes_in(groups[p])) if where[p] != device else 0.0
+    return finish[p] + moved
+
+
+def _from_caller(group: Subgraph, device: str, costs: CostTable) -> float:
+    return costs.transfer(group.bytes_from_caller()) if device != costs.home else 0.0
+
+
+def _to_caller(group: Subgraph, device: str, costs: CostTable) -> float:
+    return costs.transfer(group.bytes_to_caller()) if device != costs.home else 0.0
