@@ -115,3 +115,21 @@ def test_peak_memory_does_not_exceed_eager(name):
         ours = peak_allocated_bytes(lambda: compiled(*bench.inputs))
     assert eager > 0
     assert ours <= eager, f"opweave peak {ours} B > eager {eager} B"
+
+
+@pytest.mark.parametrize("lowered", [False, True])
+def test_ops_reading_no_tensor_run_where_the_graph_runs_and_are_copied_out(lowered):
+    """On another device (meta stands in for a GPU) `full` is made once there and reused;
+    the caller gets its own copy each call, whether steps are lowered or per node."""
+    from opweave.codegen import lower
+
+    g = Graph("fill")
+    x = g.add_input("x", TensorType((3,), torch.float32))
+    filled = g.add1("full", [], {"shape": [3], "value": 2.0, "dtype": torch.float32})
+    g.outputs = [g.add1("add", [x, filled]), filled]
+    steps = lower(g, "off").steps if lowered else None
+    run = Executor(g, steps=steps, device="meta")
+    first = run(torch.empty(3, device="meta"))
+    second = run(torch.empty(3, device="meta"))
+    assert all(t.device.type == "meta" for t in first + second)
+    assert first[1] is not second[1]

@@ -10,10 +10,15 @@ fixed address, which is what the memory plan is on the CPU.
 
 Not captured, and said once: graphs whose outputs exceed OUTPUT_LIMIT bytes (copying them
 out would cost more than the launches saved: a training step's saved activations), calls
-with grad enabled on inputs that require it, and graphs whose capture fails (a step that
-synchronizes with the host). Those run as plain launches.
+with inputs that are not all CUDA tensors or that require grad with grad enabled, and
+graphs whose capture fails (a step that synchronizes with the host; the step is named).
+Those run as plain launches. A call that does not fit the captured shapes runs (or is
+refused by) the steps, and the graph stays for the calls that fit. While profiled, calls
+run the steps, the GPU synchronized after each.
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 import torch
 
@@ -36,27 +41,59 @@ class CudaGraphed:
         self.cuda_graph: torch.cuda.CUDAGraph | None = None
         self.static_inputs: list[torch.Tensor] = []
         self.static_outputs: list[torch.Tensor] = []
-        self.why_not: str | None = _too_large(executor)
+        self.why_not: str | None = None
+        self.profiling = False
+        self._refuse(_too_large(executor))
 
     def __getattr__(self, name):
         return getattr(self.executor, name)
 
     def __call__(self, *inputs):
-        if self.cuda_graph is not None and self._fits(inputs):
+        if self.cuda_graph is not None and not self.profiling:
+            if not self._fits(inputs):  # not what was captured: the steps check and run it
+                return self.executor(*inputs)
             for mine, given in zip(self.static_inputs, inputs):
                 mine.copy_(given)
             self.cuda_graph.replay()
             return [t.clone() for t in self.static_outputs]
         self.calls += 1
-        if self.why_not is None and self.calls > WARMUP_CALLS and self._plain(inputs):
-            try:
-                return self._capture(inputs)
-            except Exception as err:  # noqa: BLE001  (capture is an optimization)
-                self.cuda_graph = None
-                self.why_not = f"its capture failed ({type(err).__name__}: {err})"
+        if self.why_not is None and self.calls > WARMUP_CALLS and not self.profiling:
+            if not self._plain(inputs):  # this call only: a later one may capture
                 warn_once(f"opweave: graph {self.executor.graph.name} runs without CUDA graph "
-                          f"replay: {self.why_not}", CudaGraphWarning)
+                          "replay while its inputs are not all CUDA tensors or require grad",
+                          CudaGraphWarning)
+            else:
+                self.executor._check(inputs)  # a misfit raises here, not in the capture
+                try:
+                    return self._capture(inputs)
+                except Exception as err:  # noqa: BLE001  (capture is an optimization)
+                    self.cuda_graph = None
+                    self._refuse(f"its capture failed ({type(err).__name__}: {err})")
         return self.executor(*inputs)
+
+    def _refuse(self, why: str | None) -> None:
+        if why is None:
+            return
+        self.why_not = why
+        warn_once(f"opweave: graph {self.executor.graph.name} runs without CUDA graph replay: "
+                  f"{why}", CudaGraphWarning)
+
+    @contextmanager
+    def instrumented(self, wrap):
+        """The profiler's timers around each step, which then runs from Python (not the
+        replay), the GPU synchronized after it so a step's time is its kernels' time."""
+        def synchronized(i, fn):
+            def run(*args):
+                out = fn(*args)
+                torch.cuda.synchronize()
+                return out
+            return wrap(i, run)
+        self.profiling = True
+        try:
+            with self.executor.instrumented(synchronized):
+                yield
+        finally:
+            self.profiling = False
 
     def _plain(self, inputs) -> bool:
         return (all(isinstance(t, torch.Tensor) and t.is_cuda for t in inputs)

@@ -51,8 +51,9 @@ class Executor:
         self._input_slots = [slot[v] for v in graph.inputs]
         self._input_types = [v.type for v in graph.inputs]
         self._output_slots = [slot[v] for v in graph.outputs]
-        # Outputs that are graph inputs or constants are copied: callers own what they get.
-        self._copy_outputs = [v.producer is None or v.producer.op == "constant" for v in graph.outputs]
+        # Outputs that are graph inputs or constants, or made by an op that reads no tensor
+        # (computed once on a GPU, see _on), are copied: callers own what they get.
+        self._copy_outputs = [v.producer is None or not v.producer.inputs for v in graph.outputs]
         self._arena: torch.Tensor | None = None
         self._arena_layout: list[tuple[int, TensorType, int]] = []  # (slot, type, byte offset)
         self._arena_views: dict[int, torch.Tensor] = {}
@@ -65,17 +66,17 @@ class Executor:
                 self._base[slot[node.outputs[0]]] = value.to(self.device)
         if steps is not None:
             self._steps = _slot_steps(steps, slot, graph)
-            if self.device.type != "cpu":
-                self._steps = [(_on(self.device, call) if not ins else call, ins, outs, frees)
-                               for call, ins, outs, frees in self._steps]
-            return
-        for i, node in enumerate(graph.nodes):
-            if node.op == "constant":
-                continue
-            ins = [slot[v] for v in node.inputs]
-            outs = [slot[v] for v in node.outputs]
-            frees = [slot[v] for v in self.plan.frees[i]]
-            self._steps.append((self._make_call(node, outs), ins, outs, frees))
+        else:
+            for i, node in enumerate(graph.nodes):
+                if node.op == "constant":
+                    continue
+                ins = [slot[v] for v in node.inputs]
+                outs = [slot[v] for v in node.outputs]
+                frees = [slot[v] for v in self.plan.frees[i]]
+                self._steps.append((self._make_call(node, outs), ins, outs, frees))
+        if self.device.type != "cpu":
+            self._steps = [(_on(self.device, call) if not ins else call, ins, outs, frees)
+                           for call, ins, outs, frees in self._steps]
 
     def _make_call(self, node, outs):
         opdef, attrs = node.opdef, node.attrs
