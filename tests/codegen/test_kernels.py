@@ -77,6 +77,34 @@ def test_binary_formula_with_broadcasts(op, generator):
     _check(g, *args, expect={"cpp": 1}, generator=generator)
 
 
+@pytest.mark.parametrize("exponent", [0.5, -0.5, 2.0, 3.0, -1.0, -2.0, 1.7])
+def test_pow_by_a_literal_matches_torch_at_the_special_values(exponent, generator):
+    g = Graph("pow_lit")
+    x = g.add_input("x", TensorType((2, 9), F32))
+    twice = g.add1("neg", [g.add1("neg", [x])])  # a fused group (a lone pow is torch's)
+    g.outputs = [g.add1("pow", [twice, g.add_constant("e", torch.tensor(exponent))])]
+    data = torch.tensor([[-float("inf"), -1.0, -0.0, 0.0, 1.0, float("nan"), 2.5, 1e-3, 30.0],
+                         [3.0, -2.0, 0.25, 7.0, 1e4, -1e-4, 0.9, 1.1, 5.0]])
+    _check(g, data, rtol=3e-6, atol=0, expect={"cpp": 1}, generator=generator)
+
+
+@pytest.mark.parametrize("exponent", [float("inf"), -float("inf"), -3.0, 3.0, 1.5, 30.0,
+                                      -7.5, 0.0, float("nan"), 2.2])
+def test_pow_by_a_scalar_tensor_follows_ieee_special_cases(exponent, generator):
+    """A general power (the exponent a 0-d input, not a literal): odd integer powers keep
+    the sign (of -0.0 too), a negative base with a fractional power is NaN, pow(-1, inf)
+    and pow(x, 0) are 1, and large results keep float32's precision."""
+    g = Graph("pow_scalar")
+    x = g.add_input("x", TensorType((12,), F32))
+    e = g.add_input("e", TensorType((), F32))
+    p = g.add1("pow", [x, e])
+    g.outputs = [g.add1("abs", [p]), p]
+    inf, nan = float("inf"), float("nan")
+    base = torch.tensor([-1.0, -0.0, 0.0, -2.0, -inf, inf, 10.0, 3.0, nan, 1.0, -8.0, 0.7])
+    _check(g, base, torch.tensor(exponent), rtol=3e-6, atol=0, expect={"cpp": 1},
+           generator=generator)
+
+
 def test_where_reads_a_bool_condition(generator):
     g = Graph("where")
     c = g.add_input("c", TensorType((4, 8), torch.bool))

@@ -72,13 +72,13 @@ def render_gemm(anchor: Node, chain: list[Node], tf32: bool) -> TritonSource | N
     sk, sn = strides
     body = [
         f"M = {m}", f"N = {n}", f"K = {k}",
-        "pid = tl.program_id(0)",
+        "pid = tl.program_id(0).to(tl.int64)",
         "NM = (M + BM - 1) // BM", "NN = (N + BN - 1) // BN",
         "width = GROUP * NN", "first = pid // width * GROUP",
         "size = tl.minimum(NM - first, GROUP)",
         "pm = first + (pid % width) % size", "pn = (pid % width) // size",
-        "rm = (pm * BM + tl.arange(0, BM)).to(tl.int64)",
-        "rn = (pn * BN + tl.arange(0, BN)).to(tl.int64)",
+        "rm = pm * BM + tl.arange(0, BM)",
+        "rn = pn * BN + tl.arange(0, BN)",
         "rk = tl.arange(0, BK).to(tl.int64)",
         "acc = tl.zeros((BM, BN), dtype=tl.float32)",
         f"for k0 in range(0, {k}, BK):",  # a literal bound: the interpreter needs one

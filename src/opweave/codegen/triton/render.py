@@ -45,7 +45,8 @@ class TritonSource:
 _ARITHMETIC = {"add": "+", "sub": "-", "mul": "*", "div": "/"}
 _COMPARE = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _UNARY = {
-    "neg": "(-{0})", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "sqrt": "tl.sqrt_rn({0})",
+    "neg": "({0} * -1.0)",  # (Triton negates as 0 - x: -0.0 would be lost)
+    "abs": "tl.abs({0})", "exp": "tl.exp({0})", "sqrt": "tl.sqrt_rn({0})",
     "rsqrt": "(1.0 / tl.sqrt_rn({0}))", "reciprocal": "(1.0 / {0})",
     "sigmoid": "ow_sigmoid({0})", "tanh": "ow_tanh({0})", "erf": "tl.erf({0})",
     "relu": "tl.where({0} < 0.0, 0.0, {0})",
@@ -63,6 +64,24 @@ TRITON = Spelling(
     gelu_tanh=("(0.5 * {0} * (1.0 + ow_tanh(0.7978845608028654 * "
                "({0} + 0.044715 * {0} * {0} * {0}))))"),
     select="tl.where({c}, {a}, {b})")
+
+
+# Exponents spelled as products, divisions and correctly rounded roots: pow's result to
+# an ulp (its IEEE special cases kept: pow(-inf, 0.5) is inf, pow(-0.0, -0.5) is inf)
+_POWERS = {
+    1.0: "({0})", 2.0: "({0} * {0})", 3.0: "({0} * {0} * {0})", -1.0: "(1.0 / {0})",
+    -2.0: "(1.0 / ({0} * {0}))",
+    0.5: 'tl.where({0} == -float("inf"), float("inf"), tl.sqrt_rn({0}))',
+    -0.5: ('tl.where({0} == -float("inf"), 0.0, '
+           'tl.where({0} == 0.0, float("inf"), 1.0 / tl.sqrt_rn({0})))'),
+}
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):  # no literal, or NaN / infinity spelled as a call
+        return None
 
 
 def _literal(text: str) -> str:
@@ -97,10 +116,15 @@ class TritonEmitter(GroupEmitter):
         if node.op == "reshape":  # rows x columns unchanged: the same tile
             return f"{self.names[node.outputs[0]]} = {self.load(node.inputs[0])}"
         args = [self.load(v) for v in node.inputs]
-        if node.op == "pow":  # ow_pow's tests need tensors: a literal becomes a full tile
+        name = self.names[node.outputs[0]]
+        if node.op == "pow":
+            exponent = _number(self.literals.get(node.inputs[1]))
+            if exponent in _POWERS:  # as torch spells them
+                return f"{name} = " + _POWERS[exponent].format(args[0])
+            # ow_pow's tests need tensors: a literal becomes a full tile
             args = [f"tl.full(m.shape, {a}, tl.float32)" if v in self.literals else a
                     for v, a in zip(node.inputs, args)]
-        return f"{self.names[node.outputs[0]]} = {formula(node, args, TRITON)}"
+        return f"{name} = {formula(node, args, TRITON)}"
 
     def stores(self, nodes, at: str = "r * {c} + j", mask: str = "m") -> list[str]:
         at = at.format(c=self.cols)
@@ -140,15 +164,16 @@ def render(graph, members: list[Node], escapes) -> TritonSource:
 def _tile(em) -> list[str]:
     """Program p takes row block p // NCB and column block p % NCB."""
     return [f"NCB = {_cdiv_text(em.cols)}",
-            "r = (tl.program_id(0) // NCB * BR + tl.arange(0, BR)).to(tl.int64)[:, None]",
-            "j = (tl.program_id(0) % NCB * BC + tl.arange(0, BC)).to(tl.int64)[None, :]",
+            "pid = tl.program_id(0).to(tl.int64)",  # offsets past 2**31 elements
+            "r = (pid // NCB * BR + tl.arange(0, BR))[:, None]",
+            "j = (pid % NCB * BC + tl.arange(0, BC))[None, :]",
             "zero = tl.zeros((BR, BC), tl.int64)",
             f"m = (r < {em.rows}) & (j < {em.cols})"]
 
 
 def _row_tile(em) -> list[str]:
     """Program p takes rows [p * BR, (p + 1) * BR), each whole (BC >= the row)."""
-    return ["r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)[:, None]",
+    return ["r = (tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR))[:, None]",
             "j = tl.arange(0, BC).to(tl.int64)[None, :]",
             "zero = tl.zeros((BR, BC), tl.int64)",
             f"m = (r < {em.rows}) & (j < {em.cols})"]
@@ -219,20 +244,21 @@ def _column_sum(em, members, reduce) -> list[str]:
     rows, c = em.rows, em.cols
     others = [n for n in members if n is not reduce]
     lines = [f"NCB = {_cdiv_text(c)}",
-             "t = tl.program_id(0) // NCB",
-             "j = (tl.program_id(0) % NCB * BC + tl.arange(0, BC)).to(tl.int64)[None, :]",
+             "pid = tl.program_id(0).to(tl.int64)",
+             "t = pid // NCB",
+             "j = (pid % NCB * BC + tl.arange(0, BC))[None, :]",
              "zero = tl.zeros((BR, BC), tl.int64)",
-             f"lo = t.to(tl.int64) * {rows} // NT",
-             f"hi = (t.to(tl.int64) + 1) * {rows} // NT",
+             f"lo = t * {rows} // NT",
+             f"hi = (t + 1) * {rows} // NT",
              "acc = tl.zeros((BR, BC), tl.float32)",
              "for k in range(0, TRIPS):",  # constant trip count: the interpreter needs one
-             "    r = (lo + k * BR + tl.arange(0, BR)).to(tl.int64)[:, None]",
+             "    r = (lo + k * BR + tl.arange(0, BR))[:, None]",
              f"    m = (r < hi) & (j < {c})"]
     body = [em.declare(n) for n in others]
     body.append(f"acc += tl.where(m, {em.load(reduce.inputs[0])}, 0.0)")
     body += em.stores(others)
     lines += ["    " + ln for ln in body]
-    lines.append(f"tl.store(part + t.to(tl.int64) * {c} + j, tl.sum(acc, 0)[None, :], mask=j < {c})")
+    lines.append(f"tl.store(part + t * {c} + j, tl.sum(acc, 0)[None, :], mask=j < {c})")
     return lines
 
 
