@@ -76,3 +76,41 @@ def test_the_split_form_runs_outside_a_gpu():
     (choice,) = [s.fn for s in lowered.steps if isinstance(s.fn, GemmChoice)]
     Executor(g, steps=lowered.steps)(torch.randn(4, 32))
     assert choice.chosen == "split"
+
+
+def test_a_kernel_that_fails_runs_its_ops_as_torch_ops():
+    """A kernel that fails to compile or launch (ptxas, out of resources) costs its group
+    the fusion, with one warning, not the user's call."""
+    import warnings
+
+    from opweave.codegen.triton.kernel import KernelWarning, TritonKernel
+
+    g = Graph("fails")
+    x = g.add_input("x", TensorType((4, 8), torch.float32))
+    g.outputs = [g.add1("relu", [g.add1("exp", [x])])]
+    lowered = lower(g, "ilp", measure=False, target="triton")
+    (step,) = lowered.steps
+    assert isinstance(step.fn, TritonKernel)
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("out of resources: shared memory")
+            return launch
+    step.fn.fn = Broken()
+    run = Executor(g, steps=lowered.steps)
+    data = torch.randn(4, 8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            torch.testing.assert_close(run(data)[0], torch.relu(torch.exp(data)))
+    assert len([w for w in caught if issubclass(w.category, KernelWarning)]) == 1
+    assert "out of resources" in step.fn.failed
+
+
+def test_bf16_products_keep_the_split_form():
+    """precision="bf16" computes products in bf16: the float32 template is not offered."""
+    lowered = lower(mlp_block(rows=8, width=16, hidden=32), "ilp", measure=False,
+                    precision="bf16", target="triton")
+    assert not any(isinstance(s.fn, GemmChoice) for s in lowered.steps)
+    assert any("[bf16]" in s.name for s in lowered.steps)

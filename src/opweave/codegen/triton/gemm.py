@@ -22,8 +22,9 @@ import torch
 
 from ... import tune
 from ...ir.graph import Node, Value
+from ...notices import warn_once
 from ..render import formula
-from .kernel import TritonKernel, _cuda_times, interpreting
+from .kernel import KernelWarning, TritonKernel, _cuda_times, interpreting
 from .render import _HEADER, TRITON, TritonSource
 
 KIND = "triton-gemm"
@@ -165,17 +166,16 @@ class GemmTemplateKernel(TritonKernel):
 class GemmChoice:
     """A linear layer with its epilogue: the template or the split form, by measurement."""
 
-    def __init__(self, split, template: GemmTemplateKernel, reads: int, force: str | None = None):
-        self.split = split          # takes every input
-        self.template = template    # takes the first `reads` (the rest are literals to it)
-        self.reads = reads
+    def __init__(self, split, template: GemmTemplateKernel, force: str | None = None):
+        self.split = split          # both take the group's inputs: x, w, the operands
+        self.template = template
         self.chosen: str | None = force
 
     def __call__(self, *inputs):
         if self.chosen is None:
             self.chosen = self._choose(inputs)
         if self.chosen == "template" and self.template.fits(inputs):
-            return self.template(*inputs[:self.reads])
+            return self.template(*inputs)
         return self.split(*inputs)
 
     def _choose(self, inputs) -> str:
@@ -183,12 +183,17 @@ class GemmChoice:
         if not x.is_cuda or interpreting() or not self.template.fits(inputs):
             return "split"
         key = (self.template.source.name, torch.cuda.get_device_name(x.device))
-        forms = {"split": self.split,
-                 "template": lambda *args: self.template(*args[:self.reads])}
+        forms = {"split": self.split, "template": self.template}
         recalled = tune.recall(KIND, key, forms)
         if recalled is not None:
             return recalled[0]
-        samples = {name: _cuda_times(lambda f=f: f(*inputs)) for name, f in forms.items()}
+        try:
+            samples = {name: _cuda_times(lambda f=f: f(*inputs)) for name, f in forms.items()}
+        except Exception as err:  # noqa: BLE001  (the template failed: cuBLAS it is)
+            warn_once(f"opweave: the Triton GEMM template {self.template.source.name} failed, "
+                      f"so cuBLAS and the epilogue kernel run: {type(err).__name__}: {err}",
+                      KernelWarning)
+            return "split"
         best = min(samples, key=lambda name: min(samples[name]))
         tune.remember(KIND, key, best, samples)
         return best

@@ -11,18 +11,22 @@ interpreter) the first candidate is taken.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import sys
-import warnings
+import types
 
 import torch
 
 from ... import tune
 from ...files import atomic_write, cache_root
+from ...notices import OpweaveFallbackWarning, warn_once
 from .render import TritonSource
 
 KIND = "triton-launch"  # the tuning database's record kind
+
+
+class KernelWarning(OpweaveFallbackWarning):
+    """A generated Triton kernel failed; its group runs as torch ops."""
 TILE = 2048             # elements per program a pointwise tile aims at
 
 
@@ -44,7 +48,9 @@ def _digest(text: str) -> str:
 
 
 def load(src: TritonSource):
-    """The compiled-on-first-launch `@triton.jit` function of `src`."""
+    """The compiled-on-first-launch `@triton.jit` function of `src`. The module executed
+    is the text checked against the source, and Triton (which compiles what it reads back
+    from the file) must have read that same text."""
     module_name = f"opweave_triton_{src.name}"
     if module_name in sys.modules:
         return getattr(sys.modules[module_name], src.name)
@@ -56,11 +62,15 @@ def load(src: TritonSource):
     if _digest(text) != _digest(src.body):
         raise RuntimeError(f"the Triton kernel file {path} does not hold the source written "
                            "to it; refusing to import it")
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = types.ModuleType(module_name)
+    module.__file__ = str(path)
+    exec(compile(text, str(path), "exec"), module.__dict__)  # noqa: S102 (checked above)
+    fn = getattr(module, src.name)
+    read = getattr(fn, "src", None)  # what Triton will compile (the interpreter has none)
+    if read is not None and read.strip() not in src.body:
+        raise RuntimeError(f"the Triton kernel file {path} changed while it was loaded")
     sys.modules[module_name] = module
-    return getattr(module, src.name)
+    return fn
 
 
 def _pow2(n: int) -> int:
@@ -76,9 +86,14 @@ def candidates(src: TritonSource) -> list[tuple[int, int, int]]:
         warps = 4 if bc * br <= 2048 else 8 if bc * br <= 8192 else 16
         alts = [(br, bc, warps), (max(1, br // 2), bc, warps), (br, bc, max(1, warps // 2)),
                 (min(_pow2(src.rows), br * 2), bc, min(16, warps * 2))]
+    elif src.kind == "column_sum":
+        # the tile sets the order partial sums are added in: fixed, so that the bits do
+        # not depend on which launch won the timing (only the warps are tuned)
+        bc = min(_pow2(cols), 256)
+        alts = [(32, bc, 4), (32, bc, 8)]
     else:
         bc = min(_pow2(cols), TILE if src.rows == 1 else 256)
-        br = max(1, min(_pow2(src.rows), TILE // bc)) if src.kind == "pointwise" else 32
+        br = max(1, min(_pow2(src.rows), TILE // bc))
         alts = [(br, bc, 4), (br, bc, 8), (max(1, br // 2), bc, 4), (br, max(16, bc // 2), 4)]
     return list(dict.fromkeys(alts))
 
@@ -100,41 +115,59 @@ class TritonKernel:
     """Calls one generated kernel: allocates its outputs on the inputs' device, passes
     contiguous inputs, and adds a column sum's partial rows in order."""
 
-    def __init__(self, src: TritonSource):
+    def __init__(self, src: TritonSource, fallback=None):
         self.source = src
         self.fn = load(src)
+        self.fallback = fallback  # the group's nodes as torch ops, if the kernel fails
+        self.failed: str | None = None
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.config: tuple[int, ...] | None = None
 
     def launch(self, config, outs, ins):
         br, bc, warps = config
-        device = outs[0].device
+        device = ins[0].device if ins else outs[0].device
         programs, slices = _grid(self.source, br, bc, device)
         extra = []
         if self.source.reduced is not None:
             part = torch.empty((slices, self.source.cols), dtype=torch.float32, device=device)
+            k = self.source.outputs.index(self.source.reduced)
+            outs[k] = part  # the kernel writes the partial rows; their sum is the output
             trips = -(-(-(-self.source.rows // slices)) // br)
             extra = [part, slices, trips]
         self.fn[(programs,)](*outs, *ins, *extra, BR=br, BC=bc, num_warps=warps)
         if extra:
-            k = self.source.outputs.index(self.source.reduced)
             outs[k] = torch.sum(part, 0).view(self.out_types[k][0])
         return outs
 
+    def _outputs(self, device) -> list[torch.Tensor]:
+        reduced = self.source.reduced
+        return [None if v is reduced else torch.empty(shape, dtype=dtype, device=device)
+                for v, (shape, dtype) in zip(self.source.outputs, self.out_types)]
+
     def __call__(self, *inputs):
+        if self.failed is not None:
+            return self.fallback(*inputs)
         ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
-        device = inputs[0].device if inputs else _default_device()
-        outs = [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self.out_types]
-        if self.config is None:
+        outs = self._outputs(inputs[0].device if inputs else _default_device())
+        if self.config is not None:
+            return self.launch(self.config, outs, ins)
+        try:  # the first call compiles the kernel (and measures its launches)
             self.config = self._choose(outs, ins)
-        return self.launch(self.config, outs, ins)
+            return self.launch(self.config, outs, ins)
+        except Exception as err:  # noqa: BLE001  (a kernel that fails must not cost the model)
+            if self.fallback is None:
+                raise
+            self.failed = f"{type(err).__name__}: {err}"
+            warn_once(f"opweave: Triton kernel {self.source.name} failed to compile or run, so "
+                      f"its ops run as torch ops: {self.failed}", KernelWarning)
+            return self.fallback(*inputs)
 
     def candidates(self) -> list[tuple[int, ...]]:
         return candidates(self.source)
 
     def _choose(self, outs, ins) -> tuple[int, ...]:
         options = self.candidates()
-        device = outs[0].device
+        device = ins[0].device if ins else _default_device()
         if device.type != "cuda" or interpreting() or len(options) == 1:
             return options[0]
         key = (self.source.name, torch.cuda.get_device_name(device))
@@ -170,7 +203,3 @@ def _cuda_times(run, rounds: int = 5) -> list[float]:
     return times
 
 
-def warn_unavailable(groups: int) -> None:
-    warnings.warn(f"opweave: Triton is not installed, so {groups} fused groups run as "
-                  "separate torch ops on the GPU (pip install 'opweave[triton]')",
-                  stacklevel=3)

@@ -50,9 +50,11 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
                 fn = reference_fn(graph, run, src.inputs, src.outputs)
                 lowered.steps.append(Step(fn, src.inputs, src.outputs, run, "reference", src.name))
                 continue
-            lowered.steps.append(Step(kernel.TritonKernel(src), src.inputs, src.outputs, run,
-                                      "triton", src.name))
-        if have_triton and ctx.role[nodes[0]] is Role.ANCHOR and nodes[0].op == "matmul":
+            fallback = reference_fn(graph, run, src.inputs, src.outputs)
+            lowered.steps.append(Step(kernel.TritonKernel(src, fallback), src.inputs,
+                                      src.outputs, run, "triton", src.name))
+        if (have_triton and precision == "fp32" and ctx.role[nodes[0]] is Role.ANCHOR
+                and nodes[0].op == "matmul"):  # (the template computes in float32)
             template = _gemm_step(nodes, lowered.steps[split_at:])
             if template is not None:
                 lowered.steps[split_at:] = [template]
@@ -80,14 +82,13 @@ def _gemm_step(nodes: list[Node], split: list):
     if src is None:
         return None
     made = {v for st in split for v in st.outputs}
-    extra = [v for st in split for v in st.inputs if v not in made and v not in src.inputs]
-    inputs = src.inputs + list(dict.fromkeys(extra))
-    outputs = [src.outputs[0]]
-    if any(v not in made for v in outputs):
-        return None
+    reads = {v for st in split for v in st.inputs if v not in made}
+    outputs = src.outputs
+    if reads != set(src.inputs) or any(v not in made for v in outputs):
+        return None  # the two forms must take and give the same values
     template = GemmTemplateKernel(src, _strides(src))
-    fn = GemmChoice(Sequence(split, inputs, outputs), template, len(src.inputs))
-    return Step(fn, inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
+    fn = GemmChoice(Sequence(split, src.inputs, outputs), template)
+    return Step(fn, src.inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
 
 
 def _strides(src) -> tuple[int, int]:
