@@ -64,5 +64,6 @@ def test_options_are_immutable_and_typed():
 def test_device_is_validated_and_resolved():
     assert Options().device is None
     assert Options.resolve(Options(), device="auto").device == "auto"
+    assert Options(device="cuda:1").device == "cuda:1"
     with pytest.raises(ValueError, match="device must be one of cpu, cuda, auto; got 'gpu'"):
         Options(device="gpu")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
@@ -77,14 +78,14 @@ class Options:
     # operands with float32 accumulation, everything else float32 (codegen/precision.py);
     # inference graphs only: a training step computes in float32
     precision: str = "fp32"
-    # where the compiled graph runs: None (where its tensors are: the example inputs and
-    # the model's weights), "cpu", "cuda" (Triton kernels, docs/gpu.md), or "auto" (each
-    # part placed on the CPU or the GPU, schedule/placement.py)
+    # where the compiled graph runs: None (where its tensors are: each segment where its
+    # example values are), "cpu", "cuda" or "cuda:N" (Triton kernels, docs/gpu.md), or
+    # "auto" (each part placed on the CPU or the GPU, schedule/placement.py)
     device: str | None = None
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
-        if self.device is not None:
+        if self.device is not None and not re.fullmatch(r"cuda:\d+", str(self.device)):
             _choice("device", self.device, DEVICES)
         _check_precision(self.precision)
         _check_budget(self.memory_budget)

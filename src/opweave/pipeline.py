@@ -30,6 +30,7 @@ from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
 from .runtime import Executor
+from .runtime.executor import copied_from
 from .runtime.cuda_graphs import CudaGraphed
 
 
@@ -141,8 +142,9 @@ class PassRun:
         start, size = time.perf_counter(), len(graph.nodes)
         precision = self.options.precision
         device = self.options.device or "cpu"
-        if device == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError(f"device='cuda' was asked for {graph.name}, but torch "
+        on_gpu = device.startswith("cuda")
+        if on_gpu and not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r} was asked for {graph.name}, but torch "
                                f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
                                "'auto'")
         if device == "auto":
@@ -167,7 +169,7 @@ class PassRun:
                 lowered = lower(graph, self.options.fusion, measure=self.options.measure,
                                 ilp_seconds=self.options.partition_seconds,
                                 precision=precision, apart=frozenset(masks),
-                                target="triton" if device == "cuda" else "cpp")
+                                target="triton" if on_gpu else "cpp")
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",
@@ -180,14 +182,14 @@ class PassRun:
             steps = self._rematerialized(graph, steps)
         executor = Executor(graph, steps=steps, native=self.options.native, device=device)
         executor.lowered = lowered
-        if device == "cuda":
+        if on_gpu:
             executor = CudaGraphed(executor)
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
                                 f"{lowered.partition.method} partition: {counts}"), None)
         if self.dump_dir is not None:
             self._write("partition.txt", partition_report(lowered))
-            name = "kernels.py" if device == "cuda" else "kernels.cpp"
+            name = "kernels.py" if on_gpu else "kernels.cpp"
             self._write(name, "\n".join(s.body for s in lowered.sources))
         return executor
 
@@ -361,10 +363,13 @@ def prepare_graph(graph: Graph, options: Options, *, strict: bool = False) -> Pr
 
 def _constants_on_cpu(graph: Graph) -> None:
     """The passes fold and transform weights on the CPU, whatever device they came from;
-    the executor moves them to the device the graph runs on."""
+    the executor puts them on the device the graph runs on (a weight no pass changed is
+    the model's own tensor there: no second copy)."""
     for name, value in graph.constants.items():
         if value.device.type != "cpu":
-            graph.constants[name] = value.cpu()
+            host = value.cpu()
+            copied_from(host, value)  # an unchanged weight runs from where it was
+            graph.constants[name] = host
 
 
 def lower_prepared(prepared: PreparedGraph, graph: Graph | None = None) -> CompiledGraph:

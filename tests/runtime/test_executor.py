@@ -133,3 +133,21 @@ def test_ops_reading_no_tensor_run_where_the_graph_runs_and_are_copied_out(lower
     second = run(torch.empty(3, device="meta"))
     assert all(t.device.type == "meta" for t in first + second)
     assert first[1] is not second[1]
+
+
+def test_constants_on_another_device_are_copied_once_and_shared():
+    """Executors of one graph (a dynamic graph's plans, a placement's groups) share one
+    copy of each constant on the device; a constant copied from there is not copied back."""
+    from opweave.runtime.executor import copied_from, on_device
+
+    g = Graph("w")
+    x = g.add_input("x", TensorType((2,), torch.float32))
+    w = torch.randn(2)
+    g.outputs = [g.add1("add", [x, g.add_constant("w", w)])]
+    meta = torch.device("meta")
+    first, second = Executor(g, device="meta"), Executor(g, device="meta")
+    assert first._base[1] is second._base[1] and first._base[1].device == meta
+    origin = torch.empty(2, device="meta")
+    host = torch.zeros(2)
+    copied_from(host, origin)
+    assert on_device(host, meta) is origin

@@ -138,14 +138,14 @@ class _Segment:
     outputs: list[fx.Node] = field(default_factory=list)
 
 
-def _device_of(graph: fx.Graph, constants) -> str:
-    """"cuda" when the graph's example values or constants are on a GPU, else "cpu"."""
-    tensors = list(constants.values())
-    for node in graph.nodes:
+def _device_of(nodes) -> str:
+    """The GPU a segment's example values are on ("cuda:N"), else "cpu"."""
+    for node in nodes:
         example = node.meta.get("val", node.meta.get("example_value"))
-        tensors += [t for t in (example if isinstance(example, (list, tuple)) else [example])
-                    if isinstance(t, torch.Tensor)]
-    return "cuda" if any(t.device.type == "cuda" for t in tensors) else "cpu"
+        for t in example if isinstance(example, (list, tuple)) else [example]:
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                return str(t.device)
+    return "cpu"
 
 
 class CompiledProgram:
@@ -158,8 +158,6 @@ class CompiledProgram:
         self.options = Options.resolve(options)
         graph = gm.graph
         self.constants = dict(constants or {})
-        if self.options.device is None:
-            self.options = replace(self.options, device=_device_of(graph, self.constants))
         # The runtime arguments: placeholders not bound to constants, in order.
         self.placeholders = [n for n in graph.nodes
                              if n.op == "placeholder" and n not in self.constants]
@@ -237,10 +235,13 @@ class CompiledProgram:
             step.outputs = [n for n in step.nodes
                             if any(u not in members for u in n.users)]
             graph = self._lower_segment(step, f"{self.name}_{i}")
+            options = self.options
+            if options.device is None:  # where its tensors are (a model may move them)
+                options = replace(options, device=_device_of(step.nodes + step.inputs))
             if is_symbolic(graph) or graph.symbols:
-                step.executor = SymbolicGraph(graph, self.options)
+                step.executor = SymbolicGraph(graph, options)
             else:
-                step.compiled = compile_graph(graph, self.options)
+                step.compiled = compile_graph(graph, options)
                 step.executor = step.compiled.executor
             self.coverage.segments += 1
             self.coverage.ir_nodes += len(step.executor.graph.nodes)

@@ -15,6 +15,7 @@ runs the steps here.
 """
 from __future__ import annotations
 
+import weakref
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
@@ -34,6 +35,8 @@ class Executor:
                  steps=None, native: str = "off", device: str = "cpu"):
         verify(graph)
         self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
+            self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type != "cpu":
             native = "off"  # the native plan replays CPU kernels; CUDA graphs do this there
         self.native = NativeState(native, graph.name)
@@ -63,7 +66,7 @@ class Executor:
         for node in graph.nodes:
             if node.op == "constant":
                 value = graph.constants[node.attrs["name"]]
-                self._base[slot[node.outputs[0]]] = value.to(self.device)
+                self._base[slot[node.outputs[0]]] = on_device(value, self.device)
         if steps is not None:
             self._steps = _slot_steps(steps, slot, graph)
         else:
@@ -110,10 +113,10 @@ class Executor:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) must be a tensor, "
                                  f"got {type(t).__name__}")
-            if t.device.type != self.device.type or t.layout != torch.strided:
+            if t.device != self.device or t.layout != torch.strided:
                 # generated kernels read raw memory: anything else would crash them
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) is a "
-                                 f"{_where(t)} tensor, expected a {self.device.type} "
+                                 f"{_where(t)} tensor, expected a {self.device} "
                                  "strided tensor")
             if tuple(t.shape) != want.shape or t.dtype != want.dtype:
                 raise InputError(f"input {i} (%{self.graph.inputs[i].name}) has shape "
@@ -169,6 +172,31 @@ class Executor:
                 env[slot] = None
         return [env[s].clone() if copy else env[s]
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
+
+
+_DEVICE_COPIES: dict[tuple[int, torch.device], tuple[weakref.ref, torch.Tensor]] = {}
+
+
+def on_device(value: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A constant on the device a graph runs on: itself there, else one copy per
+    constant and device, shared by every executor (a dynamic graph's plans, a
+    placement's groups); a constant the pipeline brought to the host (`copied_from`)
+    is the tensor it came from."""
+    if value.device == device:
+        return value
+    key = (id(value), device)
+    held = _DEVICE_COPIES.get(key)
+    if held is not None and held[0]() is value:
+        return held[1]
+    copied_from(value, value.to(device))
+    return _DEVICE_COPIES[key][1]
+
+
+def copied_from(value: torch.Tensor, there: torch.Tensor) -> None:
+    """Record that `value` equals `there` (on another device), as long as `value` lives."""
+    key = (id(value), there.device)
+    _DEVICE_COPIES[key] = (weakref.ref(value), there)
+    weakref.finalize(value, _DEVICE_COPIES.pop, key, None)
 
 
 def _on(device: torch.device, call: Callable) -> Callable:

@@ -66,11 +66,18 @@ class PlacedExecutor:
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         home = _home(inputs)
         env: dict[Value, torch.Tensor] = dict(zip(self.graph.inputs, inputs))
+        moved: dict[tuple[Value, str], torch.Tensor] = {}  # each value crosses once a call
+
+        def there(v: Value, device: torch.device) -> torch.Tensor:
+            key = (v, device.type)
+            if key not in moved:
+                moved[key] = _to(env[v], device)
+            return moved[key]
+
         for i in self.placement.order:
             device, sub = self.devices[i], self.groups[i]
-            args = [_to(env[v], device) for v in sub.inputs]
-            env.update(zip(sub.outputs, self.runners[i](*args)))
-        return [_to(env[v], home) for v in self.graph.outputs]
+            env.update(zip(sub.outputs, self.runners[i](*[there(v, device) for v in sub.inputs])))
+        return [there(v, home) for v in self.graph.outputs]
 
     def step_nodes(self) -> list[list]:
         return [list(self.groups[i].nodes) for i in self.placement.order]

@@ -101,6 +101,16 @@ def render_gemm(anchor: Node, chain: list[Node], tf32: bool) -> TritonSource | N
     return TritonSource(name, source, inputs, [last], "gemm", m, n)
 
 
+def tf32_allowed() -> bool:
+    """Whether torch lets float32 matmuls use TF32: the legacy flag, or the per-backend
+    precision newer code sets (reading the legacy flag after that raises)."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        return bool(matmul.allow_tf32)
+    except (RuntimeError, AttributeError):
+        return getattr(matmul, "fp32_precision", "ieee") == "tf32"
+
+
 def _weight_strides(w: Value) -> tuple[int, int] | None:
     """(stride of k, stride of n) of a [K, N] constant weight, or of the transposed view
     of an [N, K] one (how the gemm-layout pass stores linear weights)."""
@@ -136,16 +146,18 @@ def _operand(v: Value, m: int, n: int, position: int) -> str | None:
 class GemmTemplateKernel(TritonKernel):
     """Launches the template: a program per (BM x BN) tile of the product."""
 
-    def __init__(self, src: TritonSource, strides: tuple[int, int]):
+    def __init__(self, src: TritonSource, strides: tuple[int, int], tf32: bool):
         super().__init__(src)
         self.strides = strides
+        self.tf32 = tf32  # what its tl.dot computes in
 
     def candidates(self) -> list[tuple[int, ...]]:
         return CONFIGS
 
     def fits(self, inputs) -> bool:
-        """The weight has the strides the kernel was written for."""
-        return tuple(inputs[1].stride()) == self.strides
+        """The weight has the strides the kernel was written for, and torch's TF32 setting
+        is still the one it was written for (cuBLAS follows it at each call)."""
+        return tuple(inputs[1].stride()) == self.strides and tf32_allowed() == self.tf32
 
     def launch(self, config, outs, ins):
         bm, bn, bk, warps = config

@@ -70,15 +70,14 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
 def _gemm_step(nodes: list[Node], split: list):
     """A linear layer's group as one step choosing, by measurement, between the split
     steps (cuBLAS, then the epilogue) and the Triton template with the epilogue inside."""
-    import torch
-
     from ..lower import Step
-    from .gemm import GemmChoice, GemmTemplateKernel, render_gemm
+    from .gemm import GemmChoice, GemmTemplateKernel, render_gemm, tf32_allowed
 
     anchor, chain = nodes[0], nodes[1:]
     if not chain:
         return None
-    src = render_gemm(anchor, chain, torch.backends.cuda.matmul.allow_tf32)
+    tf32 = tf32_allowed()
+    src = render_gemm(anchor, chain, tf32)
     if src is None:
         return None
     made = {v for st in split for v in st.outputs}
@@ -86,7 +85,7 @@ def _gemm_step(nodes: list[Node], split: list):
     outputs = src.outputs
     if reads != set(src.inputs) or any(v not in made for v in outputs):
         return None  # the two forms must take and give the same values
-    template = GemmTemplateKernel(src, _strides(src))
+    template = GemmTemplateKernel(src, _strides(src), tf32)
     fn = GemmChoice(Sequence(split, src.inputs, outputs), template)
     return Step(fn, src.inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
 
