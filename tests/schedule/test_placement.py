@@ -169,3 +169,24 @@ def test_a_linear_layer_keeps_its_transposed_weight_in_its_group():
     for sub in groups:
         extracted = group_graph(g, sub)
         assert [v.type for v in extracted.inputs] == [v.type for v in sub.inputs]
+
+
+def test_costs_are_measured_per_group_on_each_device():
+    """measure_costs compiles each group for each device it is asked about and times it
+    (here the CPU alone: the link's figures stay the defaults without a GPU)."""
+    from opweave.codegen import lower
+    from opweave.runtime import Executor
+    from opweave.schedule.placed import measure_costs
+
+    g = two_branches(16)
+    groups = group(g)
+    compiled = []
+
+    def compile_group(sub, device):
+        compiled.append((sub.name, device))
+        return Executor(sub, steps=lower(sub, "ilp", measure=False).steps)
+
+    costs = measure_costs(g, groups, compile_group, devices=("cpu",), rounds=3)
+    assert [d for _, d in compiled] == ["cpu"] * 3
+    assert len(costs.seconds["cpu"]) == 3 and all(t > 0 for t in costs.seconds["cpu"])
+    assert place(groups, costs).devices == ["cpu"] * 3
