@@ -3,8 +3,10 @@ kernel, each library call (matmul, convolution, attention) torch's CUDA library 
 
 An anchor group (a GEMM or convolution with its epilogue) becomes the library call, as
 torch runs it on cuBLAS or cuDNN, followed by one Triton kernel for the epilogue (bias,
-activation, residual add; a reshape inside it cuts it in two): one extra pass over the
-product where eager pays one per epilogue op. Groups whose members Triton cannot take (another dtype, mixed shapes)
+activation, residual add; a reshape that only regroups rows is free inside it): one
+extra pass over the product where eager pays one per epilogue op. A linear layer's group
+is also offered as one Triton GEMM template with the epilogue inside (gemm.py), chosen
+by measurement. Groups whose members Triton cannot take (another dtype, mixed shapes)
 run as torch ops.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ FUSED_ROLES = (Role.POINTWISE, Role.ROW_REDUCE, Role.COLUMN_SUM)
 
 
 def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str, apart):
+    """codegen.lower's steps for `target="triton"` (see the module's docstring)."""
     from ..lower import FusionWarning, Lowered, Step, _drop_unread, _topological, op_step, reference_fn
 
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, apart=apart)
