@@ -114,3 +114,12 @@ def test_bf16_products_keep_the_split_form():
                     precision="bf16", target="triton")
     assert not any(isinstance(s.fn, GemmChoice) for s in lowered.steps)
     assert any("[bf16]" in s.name for s in lowered.steps)
+
+
+def test_the_profiler_names_every_kind_of_step_the_gpu_lowering_makes():
+    from opweave.profiling.record import KINDS
+
+    lowered = lower(mlp_block(rows=8, width=16, hidden=32), "ilp", measure=False,
+                    target="triton")
+    assert {s.kind for s in lowered.steps} == {"triton", "op"}
+    assert all(s.kind in KINDS for s in lowered.steps)

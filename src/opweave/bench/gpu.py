@@ -28,7 +28,6 @@ import torch.utils._pytree as pytree
 INFER_BACKENDS = ("eager", "inductor", "inductor-cudagraphs", "ort-cuda", "opweave",
                   "opweave-dynamo")
 TRAIN_BACKENDS = ("eager", "inductor", "opweave")
-OPTIONAL = ("inductor-max-autotune",)
 
 
 @dataclass
@@ -91,7 +90,7 @@ def _infer_callables(name: str, bench, backend: str, precision: str):
     if backend == "opweave":
         compiled = opweave.compile(module, inputs, name=name,
                                    precision="bf16" if precision == "bf16" else None)
-        return lambda: compiled(*inputs)
+        return lambda: _no_grad(compiled, inputs)
     if backend == "opweave-dynamo":
         _register_backend()
         options = {"precision": "bf16"} if precision == "bf16" else {}

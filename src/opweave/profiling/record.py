@@ -23,6 +23,7 @@ from ..pipeline import CompiledGraph
 
 KINDS = {
     "cpp": "generated kernel",
+    "triton": "generated Triton kernel",
     "library": "library call",
     "op": "single op",
     "reference": "torch ops in sequence",

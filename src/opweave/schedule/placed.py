@@ -117,13 +117,12 @@ def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
-def example(v: Value, device: str) -> torch.Tensor:
+def _example(v: Value, device: str) -> torch.Tensor:
+    """Random floats; zeros otherwise (valid as any index)."""
     t = v.type
     if t.dtype.is_floating_point:
         return torch.randn(t.shape, dtype=t.dtype, device=device)
-    if t.dtype == torch.bool:
-        return torch.zeros(t.shape, dtype=torch.bool, device=device)
-    return torch.zeros(t.shape, dtype=t.dtype, device=device)  # valid as any index
+    return torch.zeros(t.shape, dtype=t.dtype, device=device)
 
 
 def measure_costs(graph: Graph, groups: list[Subgraph], compile_group: CompileGroup,
@@ -135,7 +134,7 @@ def measure_costs(graph: Graph, groups: list[Subgraph], compile_group: CompileGr
         g = group_graph(graph, sub)
         for d in devices:
             run = compile_group(g, d)
-            args = [example(v, d) for v in g.inputs]
+            args = [_example(v, d) for v in g.inputs]
             seconds[d].append(_median_seconds(lambda: run(*args), d, rounds))
     bandwidth, latency = (_link() if "cuda" in devices else (16e9, 10e-6))
     return CostTable(seconds, bandwidth, latency, home)

@@ -24,7 +24,7 @@ from ... import tune
 from ...ir.graph import Node, Value
 from ...notices import warn_once
 from ..render import formula
-from .kernel import KernelWarning, TritonKernel, _cuda_times, interpreting
+from .kernel import KernelWarning, TritonKernel, _cdiv, _cuda_times, interpreting
 from .render import _HEADER, TRITON, TritonSource
 
 KIND = "triton-gemm"
@@ -146,9 +146,9 @@ def _operand(v: Value, m: int, n: int, position: int) -> str | None:
 class GemmTemplateKernel(TritonKernel):
     """Launches the template: a program per (BM x BN) tile of the product."""
 
-    def __init__(self, src: TritonSource, strides: tuple[int, int], tf32: bool):
+    def __init__(self, src: TritonSource, tf32: bool):
         super().__init__(src)
-        self.strides = strides
+        self.strides = _weight_strides(src.inputs[1])  # baked into the kernel
         self.tf32 = tf32  # what its tl.dot computes in
 
     def candidates(self) -> list[tuple[int, ...]]:
@@ -159,20 +159,15 @@ class GemmTemplateKernel(TritonKernel):
         is still the one it was written for (cuBLAS follows it at each call)."""
         return tuple(inputs[1].stride()) == self.strides and tf32_allowed() == self.tf32
 
+    def _arguments(self, inputs) -> list[torch.Tensor]:
+        """Contiguous, but the weight: its view is read through the baked strides."""
+        return [x if i == 1 or x.is_contiguous() else x.contiguous() for i, x in enumerate(inputs)]
+
     def launch(self, config, outs, ins):
         bm, bn, bk, warps = config
-        src = self.source
-        programs = -(-src.rows // bm) * -(-src.cols // bn)
+        programs = _cdiv(self.source.rows, bm) * _cdiv(self.source.cols, bn)
         self.fn[(programs,)](*outs, *ins, BM=bm, BN=bn, BK=bk, GROUP=8, num_warps=warps)
         return outs
-
-    def __call__(self, *inputs):
-        x = inputs[0] if inputs[0].is_contiguous() else inputs[0].contiguous()
-        ins = [x, inputs[1], *[t if t.is_contiguous() else t.contiguous() for t in inputs[2:]]]
-        outs = [torch.empty(shape, dtype=dtype, device=x.device) for shape, dtype in self.out_types]
-        if self.config is None:
-            self.config = self._choose(outs, ins)
-        return self.launch(self.config, outs, ins)
 
 
 class GemmChoice:

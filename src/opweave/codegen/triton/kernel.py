@@ -98,17 +98,21 @@ def candidates(src: TritonSource) -> list[tuple[int, int, int]]:
     return list(dict.fromkeys(alts))
 
 
-def _grid(src: TritonSource, br: int, bc: int, device) -> tuple[int, int]:
-    """(programs, column-sum slices)."""
-    ncb = -(-src.cols // bc)
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _grid(src: TritonSource, br: int, bc: int, device) -> tuple[int, int, int]:
+    """(programs, column-sum slices, row tiles per slice) of a launch."""
+    ncb = _cdiv(src.cols, bc)
     if src.kind == "row" or src.kind == "row_sum":
-        return -(-src.rows // br), 1
+        return _cdiv(src.rows, br), 1, 1
     if src.kind == "pointwise":
-        return -(-src.rows // br) * ncb, 1
+        return _cdiv(src.rows, br) * ncb, 1, 1
     # column sums: enough row slices to fill the GPU, each at least a few tiles long
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 2
-    slices = max(1, min(-(-src.rows // (4 * br)), -(-4 * sms // ncb)))
-    return ncb * slices, slices
+    slices = max(1, min(_cdiv(src.rows, 4 * br), _cdiv(4 * sms, ncb)))
+    return ncb * slices, slices, _cdiv(_cdiv(src.rows, slices), br)
 
 
 class TritonKernel:
@@ -122,22 +126,29 @@ class TritonKernel:
         self.failed: str | None = None
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.config: tuple[int, ...] | None = None
+        self._grids: dict[tuple, tuple[int, int, int]] = {}  # per (config, device)
 
     def launch(self, config, outs, ins):
         br, bc, warps = config
         device = ins[0].device if ins else outs[0].device
-        programs, slices = _grid(self.source, br, bc, device)
+        grid = self._grids.get((config, device))
+        if grid is None:
+            grid = self._grids[config, device] = _grid(self.source, br, bc, device)
+        programs, slices, trips = grid
         extra = []
         if self.source.reduced is not None:
             part = torch.empty((slices, self.source.cols), dtype=torch.float32, device=device)
             k = self.source.outputs.index(self.source.reduced)
             outs[k] = part  # the kernel writes the partial rows; their sum is the output
-            trips = -(-(-(-self.source.rows // slices)) // br)
             extra = [part, slices, trips]
         self.fn[(programs,)](*outs, *ins, *extra, BR=br, BC=bc, num_warps=warps)
         if extra:
             outs[k] = torch.sum(part, 0).view(self.out_types[k][0])
         return outs
+
+    def _arguments(self, inputs) -> list[torch.Tensor]:
+        """The inputs as the kernel reads them: contiguous."""
+        return [x if x.is_contiguous() else x.contiguous() for x in inputs]
 
     def _outputs(self, device) -> list[torch.Tensor]:
         reduced = self.source.reduced
@@ -147,7 +158,7 @@ class TritonKernel:
     def __call__(self, *inputs):
         if self.failed is not None:
             return self.fallback(*inputs)
-        ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
+        ins = self._arguments(inputs)
         outs = self._outputs(inputs[0].device if inputs else _default_device())
         if self.config is not None:
             return self.launch(self.config, outs, ins)

@@ -88,14 +88,9 @@ def _gemm_step(nodes: list[Node], split: list):
     outputs = src.outputs
     if reads != set(src.inputs) or any(v not in made for v in outputs):
         return None  # the two forms must take and give the same values
-    template = GemmTemplateKernel(src, _strides(src), tf32)
+    template = GemmTemplateKernel(src, tf32)
     fn = GemmChoice(Sequence(split, src.inputs, outputs), template)
     return Step(fn, src.inputs, outputs, nodes, "triton", "+".join(n.op for n in nodes) + " (gemm)")
-
-
-def _strides(src) -> tuple[int, int]:
-    from .gemm import _weight_strides
-    return _weight_strides(src.inputs[1])
 
 
 class Sequence:

@@ -1,7 +1,6 @@
 """Contractions and windows: matmul, sparse mm, convolution and its backward, average pooling, padding, attention."""
 from __future__ import annotations
 
-
 import torch
 
 from ..lowering import Unsupported, lowers
