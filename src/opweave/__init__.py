@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
             loss_every=1, example_kwargs=None, options=None, memory_budget=None,
-            precision=None, dynamic_shapes=None, device=None):
+            precision=None, dynamic_shapes=None, device=None, schedule=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -43,6 +43,10 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     `device`: None (where the example inputs and weights are; CUDA tensors run on Triton
     kernels and torch's CUDA libraries, docs/gpu.md), "cpu", "cuda", or "auto" (each part
     of the graph placed on the CPU or the GPU by measurement, schedule/placement.py).
+    `schedule`: None (as in `options`), "sequential" (the default: one step after another,
+    each on every thread), "ios" or "critical-path": independent steps run at once on
+    shares of the cores, in stages scheduled on measured costs and kept only where
+    measured faster (docs/scheduling.md).
 
     The compiled model computes what `model` computes on the same call. Calls bind to
     `forward`'s signature (keywords as in Python). Tensors keep the example's shapes and
@@ -57,32 +61,35 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
                     options=options, memory_budget=memory_budget, precision=precision,
-                    dynamic_shapes=dynamic_shapes, device=device)
+                    dynamic_shapes=dynamic_shapes, device=device, schedule=schedule)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,
-            memory_budget=None, precision=None, dynamic_shapes=None, device=None):
+            memory_budget=None, precision=None, dynamic_shapes=None, device=None,
+            schedule=None):
     """Report what opweave makes of `model`: ops, coverage, fallbacks, graph breaks, and
     the rewrite pass's rules fired and estimated cost before and after; with `train=True`
     the training step (`model` returns the loss), with each graph's peak memory and what
     was recomputed to meet `memory_budget`; with `precision="bf16"`, how many steps run in
     bf16 and on which of the CPU's units; with `dynamic_shapes`, each symbolic segment's
     plans and its peak memory as a formula over the size symbols; with `device="auto"`,
-    where each group of operators runs and why."""
+    where each group of operators runs and why; with `schedule="ios"`, the stages: which
+    steps ran together, on how many threads, estimated against measured."""
     from .explanation import explain as _explain
 
     return _explain(model, example_inputs, name=name, graph_breaks=graph_breaks, rewrite=rewrite,
                     train=train, memory_budget=memory_budget, precision=precision,
-                    dynamic_shapes=dynamic_shapes, device=device)
+                    dynamic_shapes=dynamic_shapes, device=device, schedule=schedule)
 
 
-def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None, precision=None):
+def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None, precision=None,
+              schedule=None):
     """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays;
-    `precision` as in `compile`."""
+    `precision` and `schedule` as in `compile`."""
     from .onnx import from_onnx as _from_onnx
 
     return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
-                      precision=precision)
+                      precision=precision, schedule=schedule)
 
 
 def profile(compiled, inputs, *, runs=10, warmup=2, name=None):

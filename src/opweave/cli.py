@@ -26,7 +26,7 @@ def _explain(args) -> int:
         return 0
     report = explain(bench.module.eval(), bench.inputs, name=args.model,
                      graph_breaks=not args.no_graph_breaks, rewrite=args.rewrite,
-                     precision=args.precision)
+                     precision=args.precision, schedule=args.schedule)
     print(report)
     if args.ir:
         import warnings
@@ -380,6 +380,9 @@ def main(argv=None) -> int:
     p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
                    help="inference in this precision (default: fp32, or $OPWEAVE_PRECISION); "
                         "bf16 says how many steps run in it, on which units")
+    p.add_argument("--schedule", choices=("sequential", "ios", "critical-path"), default=None,
+                   help="run independent steps in concurrent stages and show them: which ran "
+                        "together, on how many threads, estimated against measured")
     p.set_defaults(func=_explain)
     p = sub.add_parser("rules", help="the rewrite rules: list, check, prove, generate")
     p.add_argument("--check", action="store_true", help="run every rule on its examples")

@@ -92,7 +92,7 @@ def _dynamo_breaks(model, example_inputs) -> tuple[int | None, list[str]]:
 def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
             name: str | None = None, graph_breaks: bool = True, rewrite=None,
             train: bool = False, memory_budget=None, precision=None,
-            dynamic_shapes=None, device=None) -> Explanation:
+            dynamic_shapes=None, device=None, schedule=None) -> Explanation:
     """Compile `model` as `opweave.compile` does and report coverage, the IR (after the
     rewrite pass) and what the rewrite pass did: rules fired where, cost before and after.
     With `train=True` (and optionally `memory_budget`), the training step: each joint
@@ -100,7 +100,8 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
     `precision="bf16"`, how many steps compute in bf16 and on which of the CPU's units.
     With `dynamic_shapes` (as `opweave.compile`'s), each symbolic segment's symbols, the
     sizes compiled so far and its peak memory as a formula over the symbols. With
-    `device="auto"`, where each group of operators runs (CPU or GPU) and why."""
+    `device="auto"`, where each group of operators runs (CPU or GPU) and why. With
+    `schedule="ios"` or "critical-path", the stages each graph runs in."""
     import warnings
 
     from .frontends.torch_export import compile as compile_model
@@ -111,7 +112,8 @@ def explain(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor], *,
         warnings.simplefilter("ignore", OpweaveFallbackWarning)  # the report says it all
         compiled = compile_model(model, example_inputs, name=name, rewrite=rewrite,
                                  train=train, memory_budget=memory_budget, precision=precision,
-                                 dynamic_shapes=dynamic_shapes, device=device)
+                                 dynamic_shapes=dynamic_shapes, device=device,
+                                 schedule=schedule)
     program = _program(compiled)
     runtime = _runtime(compiled, program, example_inputs)
     ir_ops: dict[str, int] = {}
@@ -198,12 +200,16 @@ def _runtime(compiled, program, example_inputs) -> list[str]:
     graphs = program.compiled_graphs
     if any(g.executor.native.mode != "off" for g in graphs):
         native.module(wait=True)
+    stagings = [getattr(g.executor, "staging", None) for g in graphs]
+    # the native plan is active after RECORD_AT_CALL + 1 calls; stages are decided at the next
+    calls = native.RECORD_AT_CALL + 1 + any(s is not None for s in stagings)
     try:
         with torch.no_grad():
-            for _ in range(native.RECORD_AT_CALL + 1):
+            for _ in range(calls):
                 compiled(*example_inputs)
     except Exception as err:  # noqa: BLE001  (explain reports; it does not fail)
         return [f"not run ({type(err).__name__}: {err})" for _ in graphs]
     return [g.executor.native.describe() + (f"; {g.report('tuned')}" if g.report("tuned") else "")
             + (f"\n{g.report('placement')}" if g.report("placement") else "")
-            for g in graphs]
+            + ("\n" + "\n".join(staging.describe()) if staging is not None else "")
+            for g, staging in zip(graphs, stagings)]

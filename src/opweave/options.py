@@ -18,6 +18,9 @@ Environment variables:
   OPWEAVE_NATIVE         background (default) | wait | off: the native execution plan
                          (runtime/native.py): built in a thread at the first compile, built
                          before the first call that needs it, or never used
+  OPWEAVE_SCHEDULE       sequential (default) | ios | critical-path: run independent
+                         steps in concurrent stages on shares of the cores, kept only when
+                         measured faster (schedule/concurrent.py)
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation (codegen/precision.py)
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
@@ -36,6 +39,7 @@ from .passes.rewrite.pipeline import RewriteOptions
 FUSION_MODES = ("ilp", "greedy", "off")
 DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
+SCHEDULES = ("sequential", "ios", "critical-path")
 PRECISIONS = ("fp32", "bf16")
 # precisions the project plans that are not built, and why (said when one is asked for)
 UNBUILT_PRECISIONS = {
@@ -82,6 +86,10 @@ class Options:
     # example values are), "cpu", "cuda" or "cuda:N" (Triton kernels, docs/gpu.md), or
     # "auto" (each part placed on the CPU or the GPU, schedule/placement.py)
     device: str | None = None
+    # "sequential": one step after another, each on every thread; "ios" or
+    # "critical-path": independent steps in concurrent stages on shares of the cores
+    # (schedule/concurrent.py), on the native plan, kept only when measured faster
+    schedule: str = "sequential"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -90,6 +98,7 @@ class Options:
         _check_precision(self.precision)
         _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
+        _choice("schedule", self.schedule, SCHEDULES)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf
@@ -99,11 +108,12 @@ class Options:
 
     @classmethod
     def resolve(cls, options: "Options | None" = None, *, rewrite=None, fusion=None,
-                memory_budget=None, precision=None, device=None,
+                memory_budget=None, precision=None, device=None, schedule=None,
                 env: Mapping[str, str] | None = None) -> "Options":
         """`options` as given, or built from the environment; `rewrite=` and `fusion=`
         (the keyword arguments of opweave.compile) override either, and then no tuned
-        configuration replaces them; so do `memory_budget=` and `precision=`."""
+        configuration replaces them; so do `memory_budget=`, `precision=`, `device=` and
+        `schedule=`."""
         env = os.environ if env is None else env
         if options is None:
             options = cls.from_env(env)
@@ -122,6 +132,8 @@ class Options:
             changes["precision"] = precision
         if device is not None:
             changes["device"] = device
+        if schedule is not None:
+            changes["schedule"] = schedule
         return replace(options, **changes) if changes else options
 
     @classmethod
@@ -138,6 +150,7 @@ class Options:
                    native=env.get("OPWEAVE_NATIVE", "").strip().lower() or "background",
                    tuned=_flag(env, "OPWEAVE_TUNED", True) and not chosen,
                    precision=env.get("OPWEAVE_PRECISION", "").strip().lower() or "fp32",
+                   schedule=env.get("OPWEAVE_SCHEDULE", "").strip().lower() or "sequential",
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 
@@ -184,4 +197,5 @@ def _flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     raise ValueError(f"${name} must be 0 or 1; got {env[name]!r}")
 
 
-__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES", "PRECISIONS", "DEVICES"]
+__all__ = ["Options", "RewriteOptions", "FUSION_MODES", "NATIVE_MODES", "PRECISIONS", "DEVICES",
+           "SCHEDULES"]

@@ -160,7 +160,7 @@ class PassRun:
                 steps = lower(graph, "off", precision=precision).steps
             if self.options.memory_budget is not None:
                 steps = self._rematerialized(graph, steps)
-            executor = Executor(graph, steps=steps, native=self.options.native, device=device)
+            executor = self._executor(graph, steps, device)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     "fusion off: one step per op"), None)
             return executor
@@ -176,11 +176,11 @@ class PassRun:
                       FusionWarning)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
                                     failed=reason), None)
-            return Executor(graph, native=self.options.native, device=device)
+            return self._executor(graph, None, device)
         steps = lowered.steps
         if self.options.memory_budget is not None:
             steps = self._rematerialized(graph, steps)
-        executor = Executor(graph, steps=steps, native=self.options.native, device=device)
+        executor = self._executor(graph, steps, device)
         executor.lowered = lowered
         if on_gpu:
             executor = CudaGraphed(executor)
@@ -192,6 +192,11 @@ class PassRun:
             name = "kernels.py" if on_gpu else "kernels.cpp"
             self._write(name, "\n".join(s.body for s in lowered.sources))
         return executor
+
+    def _executor(self, graph: Graph, steps, device: str) -> Executor:
+        return Executor(graph, steps=steps, native=self.options.native, device=device,
+                        schedule=self.options.schedule,
+                        tuning_db=tune.open_db(self.options.tuning_db))
 
     def _placed(self, graph: Graph):
         """device="auto": the graph's groups placed on the CPU and the GPU by their measured

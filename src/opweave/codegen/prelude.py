@@ -5,6 +5,8 @@ libm's expf/erff/tanhf are scalar calls the compiler will not vectorize without
 versions vectorize; their error is within a few float ulps (exp: Cephes polynomial;
 erf: Abramowitz-Stegun 7.1.26, the formula ATen's own vectorized erf uses, |error| <
 1.5e-7), well inside the tolerance every kernel is tested to.
+Parallel regions size their team with `ow_team()`, so a kernel run on a thread given a
+share of the cores keeps to it.
 """
 
 PRELUDE = r"""
@@ -16,6 +18,12 @@ PRELUDE = r"""
 
 static int ow_threads = 1;
 extern "C" void ow_set_threads(int n) { ow_threads = n > 0 ? n : 1; }
+// A parallel region's team: the threads set at load, or fewer where the calling thread
+// was given fewer (a concurrent stage's share of the cores, runtime/native_plan.cpp).
+static inline int ow_team() {
+  int here = omp_get_max_threads();
+  return here < ow_threads ? here : ow_threads;
+}
 
 static inline float ow_exp(float x) {
   float c = x < -87.5f ? -87.5f : (x > 88.5f ? 88.5f : x);

@@ -229,10 +229,10 @@ def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
     for v in em.inputs:
         lines.append(f"  {_ctype(v)} __restrict {em.arg(v)} = ({_ctype(v)})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
-    par = f"num_threads(ow_threads) if({total} >= {PARALLEL_MIN} && {em.rows} > 1)"
+    par = f"num_threads(ow_team()) if({total} >= {PARALLEL_MIN} && {em.rows} > 1)"
     if em.elementwise:
         body = _loop(em, members, "j")
-        body[0] = f"#pragma omp parallel for simd num_threads(ow_threads) if({total} >= {PARALLEL_MIN})"
+        body[0] = f"#pragma omp parallel for simd num_threads(ow_team()) if({total} >= {PARALLEL_MIN})"
         lines += ["  " + ln for ln in body]
     elif reduce is None:
         body = _loop(em, members, "r * {c} + j".format(c=em.cols))
@@ -363,7 +363,7 @@ def _column_sum_kernel(em, members, reduce, total) -> list[str]:
     c, rows = em.cols, em.rows
     others = [n for n in members if n is not reduce]
     out = f"a{em.outputs.index(reduce.outputs[0])}"
-    lines = [f"  const int nt = ({total} >= {PARALLEL_MIN} && {rows} > 1) ? ow_threads : 1;",
+    lines = [f"  const int nt = ({total} >= {PARALLEL_MIN} && {rows} > 1) ? ow_team() : 1;",
              f"  std::vector<float> part((size_t)nt * {c}, 0.0f);",
              "  #pragma omp parallel for num_threads(nt) schedule(static, 1)",
              "  for (int t = 0; t < nt; ++t) {",

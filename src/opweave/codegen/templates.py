@@ -38,7 +38,7 @@ def adaptive_max_pool(node: Node) -> KernelSource | None:
     hs, he = _windows(height, oh)
     ws, we = _windows(width, ow)
     # below the threshold no parallel region at all: entering one costs about a microsecond
-    parallel = ["  #pragma omp parallel for num_threads(ow_threads)"] if rows >= PARALLEL_ROWS else []
+    parallel = ["  #pragma omp parallel for num_threads(ow_team())"] if rows >= PARALLEL_ROWS else []
     lines = [
         "  float* __restrict out = (float*)args[0];",
         "  const float* __restrict in = (const float*)args[1];",

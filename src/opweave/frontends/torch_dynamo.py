@@ -114,12 +114,13 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
 
     # torch.compile passes its `options` dict as one keyword argument named `options`
     options = {**(options.pop("options", None) or {}), **options}
-    unknown = set(options) - {"rewrite", "fusion", "freeze", "precision"}
+    unknown = set(options) - {"rewrite", "fusion", "freeze", "precision", "schedule"}
     if unknown:
         raise ValueError(f"unknown opweave backend option(s) {sorted(unknown)}; "
-                         "known: rewrite, fusion, freeze, precision")
+                         "known: rewrite, fusion, freeze, precision, schedule")
     resolved = Options.resolve(rewrite=options.get("rewrite"), fusion=options.get("fusion"),
-                               precision=options.get("precision"))
+                               precision=options.get("precision"),
+                               schedule=options.get("schedule"))
     inference = functools.partial(_compile_aten_graph, options=resolved)
     # the forward and backward of a training step (built only when one is run)
     compiler = _training_compiler(resolved)

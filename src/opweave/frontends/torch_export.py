@@ -385,10 +385,11 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
             rewrite=None, fusion=None, train: bool = False, loss_every: int | None = 1,
             example_kwargs: dict | None = None, options: Options | None = None,
             memory_budget: int | float | None = None, precision: str | None = None,
-            dynamic_shapes=None, device: str | None = None):
+            dynamic_shapes=None, device: str | None = None, schedule: str | None = None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`. `options`: an `opweave.Options` (default: from the environment);
-    `rewrite`, `fusion`, `memory_budget`, `precision` and `device` override its fields.
+    `rewrite`, `fusion`, `memory_budget`, `precision`, `device` and `schedule` override its
+    fields.
     `dynamic_shapes`: as torch.export's, the input dims (`torch.export.Dim`) one program
     serves at every size. With `train=True`, `model(*inputs)` must return a scalar loss;
     see `training`."""
@@ -397,7 +398,8 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
         raise ValueError(f"precision={precision!r} applies to inference; a training step "
                          "computes in float32 (mixed-precision training is not built)")
     options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
-                              memory_budget=memory_budget, precision=precision, device=device)
+                              memory_budget=memory_budget, precision=precision, device=device,
+                              schedule=schedule)
     if train:
         from .training import TrainingModel
 

@@ -57,9 +57,10 @@ class OnnxModel:
     """
 
     def __init__(self, source, name: str | None = None, rewrite=None, fusion=None,
-                 options: Options | None = None, precision: str | None = None):
+                 options: Options | None = None, precision: str | None = None,
+                 schedule: str | None = None):
         self.options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
-                                       precision=precision)
+                                       precision=precision, schedule=schedule)
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -260,8 +261,9 @@ def symbolic_input_types(inputs: list[DeclaredInput]) -> dict[str, TensorType] |
 
 
 def from_onnx(source, name: str | None = None, rewrite=None, fusion=None,
-              options: Options | None = None, precision: str | None = None) -> OnnxModel:
+              options: Options | None = None, precision: str | None = None,
+              schedule: str | None = None) -> OnnxModel:
     """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `options`,
-    `rewrite`, `fusion` and `precision` as in `opweave.compile`."""
+    `rewrite`, `fusion`, `precision` and `schedule` as in `opweave.compile`."""
     return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
-                     precision=precision)
+                     precision=precision, schedule=schedule)

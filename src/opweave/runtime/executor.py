@@ -32,7 +32,8 @@ class InputError(ValueError):
 
 class Executor:
     def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
-                 steps=None, native: str = "off", device: str = "cpu"):
+                 steps=None, native: str = "off", device: str = "cpu",
+                 schedule: str = "sequential", tuning_db=None):
         verify(graph)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
@@ -67,8 +68,12 @@ class Executor:
             if node.op == "constant":
                 value = graph.constants[node.attrs["name"]]
                 self._base[slot[node.outputs[0]]] = on_device(value, self.device)
+        # the slot each step writes into in place (its output in an input's storage)
+        self.overwritten: list[int | None] = []
         if steps is not None:
             self._steps = _slot_steps(steps, slot, graph)
+            self.overwritten = [slot[s.overwrites] if s.overwrites is not None else None
+                                for s in steps]
         else:
             for i, node in enumerate(graph.nodes):
                 if node.op == "constant":
@@ -77,9 +82,17 @@ class Executor:
                 outs = [slot[v] for v in node.outputs]
                 frees = [slot[v] for v in self.plan.frees[i]]
                 self._steps.append((self._make_call(node, outs), ins, outs, frees))
+                self.overwritten.append(None)
         if self.device.type != "cpu":
             self._steps = [(_on(self.device, call) if not ins else call, ins, outs, frees)
                            for call, ins, outs, frees in self._steps]
+        # concurrent stages on the native plan (schedule/concurrent.py), decided at the
+        # first call the plan runs
+        self.staging = None
+        if native != "off" and schedule != "sequential":
+            from ..schedule.concurrent import Staging
+
+            self.staging = Staging(schedule, tuning_db)
 
     def _make_call(self, node, outs):
         opdef, attrs = node.opdef, node.attrs
@@ -125,6 +138,8 @@ class Executor:
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         native, plan = self.native, self.native.plan
         if plan is not None:
+            if self.staging is not None and not self.staging.decided:
+                self.staging.decide(self, inputs)
             outputs = plan.run(inputs)
             if outputs is not None:
                 return outputs
@@ -157,19 +172,25 @@ class Executor:
             return [list(s.nodes) for s in self.lowered_steps]
         return [[n] for n in self.graph.nodes if n.op != "constant"]
 
-    def _run(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """The steps, from Python."""
+    def _run(self, inputs: Sequence[torch.Tensor], mark: Callable[[int], None] | None = None
+             ) -> list[torch.Tensor]:
+        """The steps, from Python; `mark(k)` is told as step k begins, and `mark(len(steps))`
+        after the last (the native plan's recorder, to know which instructions are whose)."""
         if self._arena is None and self.plan.offsets and self.use_arena:
             self._allocate_arena()
         env = list(self._base)
         for slot, t in zip(self._input_slots, inputs):
             env[slot] = t
-        for call, ins, outs, frees in self._steps:
+        for k, (call, ins, outs, frees) in enumerate(self._steps):
+            if mark is not None:
+                mark(k)
             results = call(*[env[i] for i in ins])
             for slot, r in zip(outs, results):
                 env[slot] = r
             for slot in frees:
                 env[slot] = None
+        if mark is not None:
+            mark(len(self._steps))
         return [env[s].clone() if copy else env[s]
                 for s, copy in zip(self._output_slots, self._copy_outputs)]
 

@@ -32,6 +32,7 @@ import threading
 import warnings
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -199,8 +200,15 @@ class Recorder(TorchDispatchMode):
         self.kernels = 0
         self.failure: str | None = None
         self.thread = threading.get_ident()
+        self.step_starts: list[int] = []  # the first instruction of each executor step
         for t in inputs:
             self._new(t)
+
+    def begin_step(self, index: int) -> None:
+        """The executor starts step `index` (steps are marked in order; a last mark after
+        them begins what follows the steps: copies of outputs)."""
+        assert index == len(self.step_starts), "steps are marked in order"
+        self.step_starts.append(len(self.records))
 
     def _new(self, t: torch.Tensor) -> int:
         slot, key = self.slots, id(t)
@@ -284,7 +292,24 @@ class Recorder(TorchDispatchMode):
                 frees.setdefault(i, []).append(s)
         for i, slots in frees.items():
             plan.set_frees(i, slots)
+        self.layout = PlanLayout(self.step_starts, len(self.touched),
+                                 [list(t) for t in self.touched], keep)
         return plan
+
+
+@dataclass(frozen=True)
+class PlanLayout:
+    """Which instructions of a recorded plan each executor step ran, and the slots each
+    instruction touched: what schedule/concurrent.py needs to run steps in stages.
+    `step_starts[k]` is step k's first instruction; the last entry begins what follows
+    the steps (instructions before the first entry precede them)."""
+    step_starts: list[int]
+    instructions: int
+    touched: list[list[int]]
+    keep: set[int]          # slots never dropped: outputs and constants
+
+    def step_range(self, k: int) -> range:
+        return range(self.step_starts[k], self.step_starts[k + 1])
 
 
 class _Slot(int):
@@ -360,6 +385,7 @@ class NativeState:
         self.plan = None
         self.reason: str | None = "disabled (native='off')" if mode == "off" else None
         self._candidate = None
+        self.layout: PlanLayout | None = None  # the candidate's, then the plan's
         self._calls = 0
         self.counts = (0, 0)  # (operators, kernels) of the recorded call
         self._lock = threading.Lock()  # one thread at a time counts, records or checks
@@ -422,7 +448,7 @@ class NativeState:
         CppKernel.recording = recorder.kernel
         try:
             with recorder:
-                outputs = run(inputs)
+                outputs = run(inputs, mark=recorder.begin_step)
         except NotReplayable as err:
             self.reason = str(err)
             return run(inputs)
@@ -431,6 +457,7 @@ class NativeState:
             _recording.release()
         try:
             self._candidate = recorder.finish(outputs)
+            self.layout = recorder.layout
         except NotReplayable as err:
             self.reason = str(err)
         self.counts = (len(recorder.touched) - recorder.kernels, recorder.kernels)

@@ -6,23 +6,106 @@
 // that the inputs have the recorded sizes, strides, dtypes and device (the Python steps
 // decided on those), then executes the instructions, dropping each slot after its last
 // use. On any mismatch it returns None and the caller runs the Python plan.
+//
+// A plan may also be given stages (schedule/concurrent.py, IOS): each stage runs its
+// groups of instructions at once, each on one thread of the calling thread's OpenMP team,
+// and joins before the next stage.
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <ATen/ScalarOps.h>
 #include <ATen/core/grad_mode.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+// The OpenMP runtime and MKL torch itself loaded (resolved through libtorch_cpu): a
+// thread's team size for OpenMP regions (generated kernels, ATen, oneDNN) and for MKL.
+extern "C" {
+void omp_set_num_threads(int);
+int omp_get_max_threads(void);
+int omp_get_num_threads(void);
+int omp_get_thread_num(void);
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+// mkl_service.h spells mkl_set_num_threads_local so (the lower-case symbol is Fortran's, by pointer)
+int MKL_Set_Num_Threads_Local(int);
+}
+
 namespace py = pybind11;
 
 namespace {
+
+// This thread's thread count for OpenMP and MKL, restored when the guard ends.
+class TeamSize {
+ public:
+  explicit TeamSize(int threads) : omp_(omp_get_max_threads()) {
+    omp_set_num_threads(threads);
+    mkl_ = MKL_Set_Num_Threads_Local(threads);
+  }
+  ~TeamSize() {
+    omp_set_num_threads(omp_);
+    MKL_Set_Num_Threads_Local(mkl_);
+  }
+  TeamSize(const TeamSize&) = delete;
+  TeamSize& operator=(const TeamSize&) = delete;
+
+ private:
+  int omp_, mkl_;
+};
+
+// Runs the tasks at once, one per thread of an OpenMP team: the calling thread's own
+// team, whose threads wait spinning between parallel regions. (A pool of other threads
+// competed with those spinning threads for the cores: concurrent stages took twice their
+// time.) Inside the region ATen, oneDNN, MKL and the generated kernels run each task on its
+// thread alone, so a concurrent stage gives each group one thread.
+void run_together(const std::vector<std::function<void()>>& tasks) {
+  struct Shared {
+    const std::vector<std::function<void()>>* tasks;
+    std::vector<std::exception_ptr> errors;
+  } shared{&tasks, std::vector<std::exception_ptr>(tasks.size())};
+  GOMP_parallel(
+      [](void* data) {
+        auto* s = static_cast<Shared*>(data);
+        size_t n = static_cast<size_t>(omp_get_num_threads());  // fewer if nested
+        for (size_t i = omp_get_thread_num(); i < s->tasks->size(); i += n) {
+          try {
+            (*s->tasks)[i]();
+          } catch (...) {
+            s->errors[i] = std::current_exception();
+          }
+        }
+      },
+      &shared, static_cast<unsigned>(tasks.size()), 0);
+  for (auto& e : shared.errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// What one group of a stage runs: instructions in order, each with the slots dropped
+// after it (the group's own last uses), on `threads` threads.
+struct Group {
+  std::vector<int> instructions;
+  std::vector<std::vector<int>> frees;
+  int threads = 1;
+};
+
+struct Stage {
+  std::vector<Group> groups;
+  std::vector<int> frees;  // slots several groups touched, dropped once all are done
+};
 
 // A Python number where the schema wants a Tensor, as PyTorch's argument parser passes it:
 // a 0-dim tensor marked as a wrapped number (which type promotion treats as a scalar).
@@ -178,70 +261,205 @@ class Plan {
 
   // The outputs as a list, or None when the inputs are not the recorded kind.
   py::object run(const py::sequence& inputs) {
-    if (static_cast<size_t>(py::len(inputs)) != guards_.size()) return py::none();
-    std::vector<at::Tensor> slots(num_slots_);
-    bool grad = at::GradMode::is_enabled();
-    for (size_t i = 0; i < guards_.size(); ++i) {
-      PyObject* obj = inputs[i].ptr();
-      if (!THPVariable_Check(obj)) return py::none();
-      const at::Tensor& t = THPVariable_Unpack(obj);
-      const InputGuard& g = guards_[i];
-      if (t.layout() != at::kStrided || t.device() != g.device || t.scalar_type() != g.dtype ||
-          t.sizes() != c10::IntArrayRef(g.sizes) || t.strides() != c10::IntArrayRef(g.strides) ||
-          (grad && t.requires_grad())) {
-        return py::none();
-      }
-      slots[i] = t;
-    }
-    for (const auto& [slot, tensor] : constants_) slots[slot] = tensor;
+    std::vector<at::Tensor> slots;
+    if (!admit(inputs, slots)) return py::none();
+    auto stages = active();
     {
       py::gil_scoped_release released;
-      execute(slots);
+      if (stages) {
+        execute_stages(*stages, slots);
+      } else {
+        execute(slots);
+      }
     }
     py::list result;
     for (int s : outputs_) result.append(py::cast(slots[s]));
     return result;
   }
 
+  // Runs the plan one instruction after another on `threads` threads and returns each
+  // instruction's wall time in seconds (None when the inputs are not the recorded kind):
+  // the cost of every step at that thread count, measured in place.
+  py::object timed(const py::sequence& inputs, int threads) {
+    std::vector<at::Tensor> slots;
+    if (!admit(inputs, slots)) return py::none();
+    std::vector<double> seconds(instructions_.size());
+    {
+      py::gil_scoped_release released;
+      TeamSize team(threads);
+      std::vector<void*> pointers;
+      for (size_t i = 0; i < instructions_.size(); ++i) {
+        auto start = std::chrono::steady_clock::now();
+        execute_one(instructions_[i], slots, pointers);
+        seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        for (int s : instructions_[i].frees) slots[s] = at::Tensor();
+      }
+    }
+    return py::cast(seconds);
+  }
+
+  // Runs the stages once and returns each stage's wall time in seconds (None when the
+  // inputs are not the recorded kind): what `explain` shows beside the estimates.
+  py::object timed_stages(const py::sequence& inputs) {
+    std::shared_ptr<const std::vector<Stage>> stages;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stages = stages_;
+    }
+    TORCH_CHECK(stages, "this plan has no stages");
+    std::vector<at::Tensor> slots;
+    if (!admit(inputs, slots)) return py::none();
+    std::vector<double> seconds;
+    {
+      py::gil_scoped_release released;
+      execute_stages(*stages, slots, &seconds);
+    }
+    return py::cast(seconds);
+  }
+
+  // Stages for calls to run once `use_stages(true)`: per stage, per group (instructions, the
+  // slots dropped after each, threads), and the slots dropped after the stage.
+  void set_stages(const std::vector<std::vector<std::tuple<std::vector<int>,
+                      std::vector<std::vector<int>>, int>>>& stages,
+                  const std::vector<std::vector<int>>& stage_frees) {
+    auto built = std::make_shared<std::vector<Stage>>();
+    for (size_t k = 0; k < stages.size(); ++k) {
+      Stage stage;
+      for (const auto& [instructions, frees, threads] : stages[k]) {
+        TORCH_CHECK(frees.size() == instructions.size(), "each instruction needs its frees");
+        for (int i : instructions) {
+          TORCH_CHECK(i >= 0 && i < size(), "stage ", k, " names instruction ", i);
+        }
+        stage.groups.push_back({instructions, frees, std::max(threads, 1)});
+      }
+      stage.frees = stage_frees.at(k);
+      built->push_back(std::move(stage));
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    stages_ = std::move(built);
+    active_ = nullptr;
+  }
+
+  // Whether calls run the stages (true) or the instructions in recorded order (false).
+  // Safe while other threads call run: each call runs the one or the other whole.
+  void use_stages(bool on) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_CHECK(!on || stages_, "this plan has no stages");
+    active_ = on ? stages_ : nullptr;
+  }
+
+  bool staged() const { return active() != nullptr; }
+
  private:
-  void execute(std::vector<at::Tensor>& slots) {
+  // The call's slots with the inputs in place, or false when they are not the recorded kind.
+  bool admit(const py::sequence& inputs, std::vector<at::Tensor>& slots) const {
+    if (static_cast<size_t>(py::len(inputs)) != guards_.size()) return false;
+    slots.assign(num_slots_, at::Tensor());
+    bool grad = at::GradMode::is_enabled();
+    for (size_t i = 0; i < guards_.size(); ++i) {
+      PyObject* obj = inputs[i].ptr();
+      if (!THPVariable_Check(obj)) return false;
+      const at::Tensor& t = THPVariable_Unpack(obj);
+      const InputGuard& g = guards_[i];
+      if (t.layout() != at::kStrided || t.device() != g.device || t.scalar_type() != g.dtype ||
+          t.sizes() != c10::IntArrayRef(g.sizes) || t.strides() != c10::IntArrayRef(g.strides) ||
+          (grad && t.requires_grad())) {
+        return false;
+      }
+      slots[i] = t;
+    }
+    for (const auto& [slot, tensor] : constants_) slots[slot] = tensor;
+    return true;
+  }
+
+  void execute(std::vector<at::Tensor>& slots) const {
     std::vector<void*> pointers;
     for (const Instruction& ins : instructions_) {
-      if (ins.is_kernel) {
-        pointers.resize(ins.kernel_slots.size());
-        for (size_t i = 0; i < pointers.size(); ++i) {
-          pointers[i] = slots[ins.kernel_slots[i]].data_ptr();
+      execute_one(ins, slots, pointers);
+      for (int s : ins.frees) slots[s] = at::Tensor();
+    }
+  }
+
+  void execute_group(const Group& group, std::vector<at::Tensor>& slots) const {
+    std::vector<void*> pointers;
+    for (size_t k = 0; k < group.instructions.size(); ++k) {
+      execute_one(instructions_[group.instructions[k]], slots, pointers);
+      for (int s : group.frees[k]) slots[s] = at::Tensor();
+    }
+  }
+
+  std::shared_ptr<const std::vector<Stage>> active() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return active_;
+  }
+
+  void execute_stages(const std::vector<Stage>& stages, std::vector<at::Tensor>& slots,
+                      std::vector<double>* times = nullptr) const {
+    for (const Stage& stage : stages) {
+      auto start = std::chrono::steady_clock::now();
+      if (stage.groups.size() == 1) {
+        const Group& only = stage.groups[0];
+        if (only.threads == omp_get_max_threads()) {
+          execute_group(only, slots);
+        } else {
+          TeamSize team(only.threads);
+          execute_group(only, slots);
         }
-        ins.kernel(pointers.data());
       } else {
-        torch::jit::Stack stack = ins.stack;
-        for (const Ref& r : ins.refs) {
-          c10::IValue& v = stack[r.index];
-          if (r.element < 0) {
-            v = slots[r.slot];
-          } else if (v.isTensorList()) {
-            auto list = v.toTensorList().copy();
-            list.set(r.element, slots[r.slot]);
-            v = list;
-          } else {
-            auto list = v.toList().copy();
-            list.set(r.element, slots[r.slot]);
-            v = list;
-          }
+        at::ThreadLocalState state;  // grad mode, dispatch keys: the caller's, in every group
+        std::vector<std::function<void()>> tasks;
+        for (const Group& group : stage.groups) {
+          tasks.emplace_back([this, &group, &slots, &state] {
+            at::ThreadLocalStateGuard guard(state);
+            TeamSize team(group.threads);
+            execute_group(group, slots);
+          });
         }
-        ins.op->callBoxed(stack);
-        size_t k = 0;
-        for (const c10::IValue& v : stack) {
-          if (v.isTensor()) {
-            assign(slots, ins.outputs, k++, v.toTensor());
-          } else if (v.isTensorList()) {
-            for (const at::Tensor& t : v.toTensorVector()) assign(slots, ins.outputs, k++, t);
-          } else if (v.isNone()) {
-            k++;
-          }
+        run_together(tasks);
+      }
+      for (int s : stage.frees) slots[s] = at::Tensor();
+      if (times) {
+        times->push_back(
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      }
+    }
+  }
+
+  void execute_one(const Instruction& ins, std::vector<at::Tensor>& slots,
+                   std::vector<void*>& pointers) const {
+    if (ins.is_kernel) {
+      pointers.resize(ins.kernel_slots.size());
+      for (size_t i = 0; i < pointers.size(); ++i) {
+        pointers[i] = slots[ins.kernel_slots[i]].data_ptr();
+      }
+      ins.kernel(pointers.data());
+    } else {
+      torch::jit::Stack stack = ins.stack;
+      for (const Ref& r : ins.refs) {
+        c10::IValue& v = stack[r.index];
+        if (r.element < 0) {
+          v = slots[r.slot];
+        } else if (v.isTensorList()) {
+          auto list = v.toTensorList().copy();
+          list.set(r.element, slots[r.slot]);
+          v = list;
+        } else {
+          auto list = v.toList().copy();
+          list.set(r.element, slots[r.slot]);
+          v = list;
         }
       }
-      for (int s : ins.frees) slots[s] = at::Tensor();
+      ins.op->callBoxed(stack);
+      size_t k = 0;
+      for (const c10::IValue& v : stack) {
+        if (v.isTensor()) {
+          assign(slots, ins.outputs, k++, v.toTensor());
+        } else if (v.isTensorList()) {
+          for (const at::Tensor& t : v.toTensorVector()) assign(slots, ins.outputs, k++, t);
+        } else if (v.isNone()) {
+          k++;
+        }
+      }
     }
   }
 
@@ -255,7 +473,25 @@ class Plan {
   std::vector<Instruction> instructions_;
   std::vector<int> outputs_;
   std::vector<std::pair<int, at::Tensor>> constants_;
+  mutable std::mutex mutex_;  // guards the two below
+  std::shared_ptr<const std::vector<Stage>> stages_;  // set by set_stages
+  std::shared_ptr<const std::vector<Stage>> active_;  // what calls run: stages_ or none
 };
+
+// Seconds one fork and join of `groups` empty groups takes (median of `repeats`): the
+// price of a concurrent stage beyond its slowest group.
+double fork_join_seconds(int groups, int repeats) {
+  std::vector<std::function<void()>> tasks(std::max(groups, 2), [] {});
+  std::vector<double> times;
+  py::gil_scoped_release released;
+  for (int r = 0; r < std::max(repeats, 1); ++r) {
+    auto start = std::chrono::steady_clock::now();
+    run_together(tasks);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
+  return times[times.size() / 2];
+}
 
 // What a sequence of CPU tensors looked like when a plan was built from them (the native
 // form of frontends/weights.TensorStamp, with the same checks): the same tensor objects,
@@ -335,7 +571,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_outputs", &Plan::set_outputs)
       .def("set_slots", &Plan::set_slots)
       .def("__len__", &Plan::size)
-      .def("run", &Plan::run);
+      .def("run", &Plan::run)
+      .def("timed", &Plan::timed)
+      .def("timed_stages", &Plan::timed_stages)
+      .def("set_stages", &Plan::set_stages)
+      .def("use_stages", &Plan::use_stages)
+      .def_property_readonly("staged", &Plan::staged);
+  m.def("fork_join_seconds", &fork_join_seconds);
   py::class_<Stamp>(m, "Stamp")
       .def(py::init<const std::vector<at::Tensor>&>())
       .def("matches", &Stamp::matches);

@@ -3,7 +3,9 @@ scheduler and plain sequential execution as the baselines it is compared with.
 
 A schedule is a list of stages run one after another. A stage is one or more groups run
 concurrently, each group's steps in order on its share of the cores: one group takes
-them all (a plain step, or a chain merged into one stage), k groups take cores // k each.
+them all (a plain step, or a chain merged into one stage), k groups take cores // k each,
+or one thread each where the runtime gives a concurrent group one thread
+(`Problem.group_threads`: the native plan's, schedule/concurrent.py).
 Costs come from `seconds(step, threads)` (measured, or a cost model) plus `sync`, the
 price of forking and joining a concurrent stage.
 
@@ -17,8 +19,8 @@ another, so single steps cover those). The search goes size by size and keeps th
 would otherwise make the sets of scheduled steps countless. The result is compared with
 the sequential and critical-path schedules and the fastest returned.
 
-This module is the scheduling algorithm (issue 18's first part); running a stage's groups
-concurrently on disjoint cores is the runtime's part and is not built yet.
+This module is the scheduling algorithm; schedule/concurrent.py runs its schedules on the
+native plan.
 """
 from __future__ import annotations
 
@@ -47,6 +49,12 @@ class Problem:
     sync: float = 5e-6
     # steps that may not run at the same time (one writes what the other reads)
     exclusive: Callable[[int, int], bool] = lambda a, b: False
+    # the threads of each group in a concurrent stage: None, cores // groups; or a fixed
+    # count (1 on the native plan, whose concurrent groups run on one thread each)
+    group_threads: int | None = None
+
+    def share(self, groups: int) -> int:
+        return self.group_threads or self.cores // groups
 
     @property
     def n(self) -> int:
@@ -109,7 +117,7 @@ def critical_path(problem: Problem) -> list[Stage]:
         for i in ready:
             if len(chosen) < problem.cores and not any(problem.exclusive(i, j) for j in chosen):
                 chosen.append(i)
-        share = problem.cores // len(chosen)
+        share = problem.cores if len(chosen) == 1 else problem.share(len(chosen))
         stages.append(Stage(tuple((i,) for i in chosen), (share,) * len(chosen)))
         done.update(chosen)
     return stages
@@ -191,7 +199,7 @@ def _stage(problem: Problem, block: frozenset[int]) -> Stage:
     if len(pieces) == 1 or any(problem.exclusive(i, j) for a, pa in enumerate(pieces)
                                for pb in pieces[a + 1:] for i in pa for j in pb):
         return Stage((tuple(sorted(block)),), (problem.cores,))
-    share = problem.cores // len(pieces)
+    share = problem.share(len(pieces))
     return Stage(tuple(tuple(sorted(p)) for p in pieces), (share,) * len(pieces))
 
 
