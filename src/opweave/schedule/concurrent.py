@@ -99,8 +99,6 @@ class Staging:
             self._lock.release()
 
     def _decide(self, executor, inputs: list[torch.Tensor]) -> None:
-        from ..runtime import native
-
         plan, layout = executor.native.plan, executor.native.layout
         self.threads = cores = torch.get_num_threads()
         self.step_names = step_names(executor)
@@ -112,7 +110,7 @@ class Staging:
         record = self.db.get(KIND, key[0], _target()) if self.db is not None else None
         costs = _recorded_costs(record, len(self.step_names))
         if record is not None and record.config.get("form") == "sequential" \
-                and self.adopt == "faster":
+                and record.samples.get("staged") and self.adopt == "faster":
             staged_s = min(record.samples.get("staged") or [float("nan")])
             self.reason = (f"sequential: the {self.schedule} schedule measured "
                            f"{_ms(staged_s)} against {_ms(record.seconds)} one step after "
@@ -120,8 +118,7 @@ class Staging:
             return
         if costs is None:
             costs = measure_costs(plan, layout, inputs, shares(cores))
-        problem = step_problem(executor, costs, cores, native.loaded().fork_join_seconds(
-            cores, 200))
+        problem = step_problem(executor, costs, cores, measure_sync(cores))
         schedule = st.critical_path(problem) if self.schedule == "critical-path" \
             else st.ios(problem)
         invalid = st.valid(problem, schedule)
@@ -234,6 +231,14 @@ def measure_costs(plan, layout, inputs, threads: Sequence[int],
             runs.append([sum(seconds[i] for i in layout.step_range(k)) for k in range(n)])
         costs[t] = [statistics.median(r[k] for r in runs) for k in range(n)]
     return costs
+
+
+def measure_sync(cores: int) -> float:
+    """Seconds a concurrent stage costs beyond its slowest group: one fork and join of
+    `cores` empty groups on the native plan's threads (the median of 200)."""
+    from ..runtime import native
+
+    return native.loaded().fork_join_seconds(cores, 200)
 
 
 def step_problem(executor, costs: dict[int, list[float]], cores: int,
