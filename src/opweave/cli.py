@@ -128,6 +128,8 @@ def _bench(args) -> int:
         return _overhead(args)
     if args.horizontal:
         return _horizontal(args)
+    if args.schedules:
+        return _schedules(args)
     if args.memory:
         return _memory_curve(args)
     if args.accuracy:
@@ -233,6 +235,25 @@ def _horizontal(args) -> int:
                                    warmup=args.warmup)
     print(horizontal.table(rows))
     return 0
+
+
+def _schedules(args) -> int:
+    import torch
+
+    from .bench import cpu, stages
+
+    torch.set_num_threads(args.threads)
+    print(cpu.line(cpu.describe(args.threads)))
+    rows, worst = [], 0.0
+    for name in args.models or stages.MODELS:
+        row = stages.measure(name, small=args.small, rounds=args.runs, warmup=args.warmup)
+        worst = max(worst, *row.max_diff.values())
+        print(row.markdown(), flush=True)
+        rows.append(row)
+    print()
+    print(stages.table(rows))
+    print(f"largest difference from the sequential plan: {worst:.1e}")
+    return 0 if worst < 1e-3 else 1
 
 
 def _memory_curve(args) -> int:
@@ -477,6 +498,12 @@ def _add_bench_parser(sub, models) -> None:
     p.add_argument("--horizontal", action="store_true",
                    help="only HFTA: training throughput of N instances fused, one after "
                         "another, and in N processes (default models: xmlcnn, zoo-resnet18)")
+    p.add_argument("--schedules", action="store_true",
+                   help="only inter-operator schedules: opweave's steps one after another, "
+                        "in critical-path stages and in IOS stages, from the same measured "
+                        "costs (default models: Inception-v3, SqueezeNet, RandWire, "
+                        "GoogLeNet, XML-CNN, BERT-base); --threads above the cores "
+                        "oversubscribes")
     p.add_argument("--sizes", nargs="+", type=int, default=[2, 4, 8],
                    help="--horizontal: the numbers of instances")
     p.add_argument("--memory", action="store_true",

@@ -67,6 +67,7 @@ class Staging:
     stage_estimates: list[float] = field(default_factory=list)
     threads: int = 0
     reason: str = ""
+    problem: st.Problem | None = None      # the steps and their measured costs
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
@@ -118,7 +119,7 @@ class Staging:
             return
         if costs is None:
             costs = measure_costs(plan, layout, inputs, shares(cores))
-        problem = step_problem(executor, costs, cores, measure_sync(cores))
+        self.problem = problem = step_problem(executor, costs, cores, measure_sync(cores))
         schedule = st.critical_path(problem) if self.schedule == "critical-path" \
             else st.ios(problem)
         invalid = st.valid(problem, schedule)
