@@ -414,6 +414,37 @@ def max_pool_case(draw):
     return Case([x], {**attrs, "with_indices": with_indices}, eager)
 
 
+def _avg_params(draw):
+    x, attrs = draw(pool_params())
+    del attrs["dilation"]
+    attrs["count_include_pad"] = draw(st.booleans())
+    return x, attrs
+
+
+def _avg_pool(attrs):
+    return lambda t: F.avg_pool2d(t, attrs["kernel"], attrs["stride"], attrs["padding"],
+                                  ceil_mode=attrs["ceil_mode"],
+                                  count_include_pad=attrs["count_include_pad"])
+
+
+@st.composite
+def avg_pool_case(draw):
+    x, attrs = _avg_params(draw)
+    return Case([x], attrs, _avg_pool(attrs))
+
+
+@st.composite
+def avg_pool_backward_case(draw):
+    x, attrs = _avg_params(draw)
+    pool = _avg_pool(attrs)
+    grad = tensor(pool(x).shape, x.dtype)
+
+    def eager(grad, x):
+        xr = x.clone().requires_grad_()
+        return torch.autograd.grad(pool(xr), xr, grad)[0]
+    return Case([grad, x], attrs, eager)
+
+
 @st.composite
 def max_pool_backward_case(draw):
     x, attrs = draw(pool_params())
@@ -584,6 +615,7 @@ CASES = {
     "sparse_mm": sparse_mm_case(), "attention": attention_case(),
     "attention_lse": attention_lse_case(), "attention_backward": attention_backward_case(),
     "max_pool2d": max_pool_case(), "max_pool2d_backward": max_pool_backward_case(),
+    "avg_pool2d": avg_pool_case(), "avg_pool2d_backward": avg_pool_backward_case(),
     "adaptive_max_pool2d": adaptive_case(), "adaptive_max_pool2d_backward": adaptive_backward_case(),
     "dropout": dropout_case(),
     "index_select": index_select_case(), "gather": gather_case(), "scatter": scatter_case(),

@@ -20,9 +20,6 @@ from opweave.frontends import torch_dynamo
 EXPECTED_FALLBACKS: dict[str, set[str]] = {
     # the relative position bias is interpolated bilinearly: no resize op in the IR
     "beit": {"aten.upsample_bilinear2d.vec"},
-    # the pool branches average 3x3 windows at stride 1 with padding 1: the IR lowers only
-    # average pools whose windows tile the input
-    "inception3": {"aten.avg_pool2d.default"},
 }
 
 

@@ -160,6 +160,10 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "max_pool2d" and not a["with_indices"]:
         w.op("MaxPool", ins, outs, kernel_shape=a["kernel"], strides=a["stride"],
              pads=list(a["padding"]) * 2, dilations=a["dilation"], ceil_mode=int(a["ceil_mode"]))
+    elif op == "avg_pool2d":
+        w.op("AveragePool", ins, outs, kernel_shape=a["kernel"], strides=a["stride"],
+             pads=list(a["padding"]) * 2, ceil_mode=int(a["ceil_mode"]),
+             count_include_pad=int(a["count_include_pad"]))
     elif op == "adaptive_max_pool2d" and not a["with_indices"]:
         _adaptive_max_pool(w, node, ins[0], outs[0])
     elif op == "sparse_mm":

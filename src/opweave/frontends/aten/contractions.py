@@ -73,8 +73,9 @@ def _hardtanh(ctx, x, min_val=-1.0, max_val=1.0):
 @lowers(aten.avg_pool2d.default)
 def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
                 count_include_pad=True, divisor_override=None):
-    """Average pooling over windows that tile the input (kernel = stride, no padding):
-    a mean over the split axes. Overlapping or padded windows run in eager."""
+    """Average pooling: over windows that tile the input (kernel = stride, no padding), a
+    mean over the split axes (fusible); over overlapping or padded windows, the
+    `avg_pool2d` op. A divisor override runs in eager."""
     v = ctx.value(x)
     kernel, stride = _pair(kernel), _pair(stride, _pair(kernel))
     padding = _pair(padding if isinstance(padding, (list, tuple)) else [padding])
@@ -85,11 +86,26 @@ def _avg_pool2d(ctx, x, kernel, stride=None, padding=0, ceil_mode=False,
         # mode); torch divides by the cells inside the input, so this is the mean
         return ctx.add1("mean", [v], {"dims": [len(shape) - 2, len(shape) - 1],
                                       "keepdim": True})
-    if stride != kernel or any(padding) or divisor_override is not None:
-        raise Unsupported("average pooling over overlapping or padded windows")
-    if any(size % k for size, k in zip(shape[-2:], kernel)):
-        raise Unsupported("average pooling windows that do not tile the input")
-    return _tile_mean(ctx, v, kernel)
+    if divisor_override is not None:
+        raise Unsupported("average pooling with a divisor override")
+    if stride == kernel and not any(padding) and not ceil_mode and \
+            not any(size % k for size, k in zip(shape[-2:], kernel)):
+        return _tile_mean(ctx, v, kernel)
+    return ctx.add1("avg_pool2d", [v], {"kernel": kernel, "stride": stride, "padding": padding,
+                                        "ceil_mode": bool(ceil_mode),
+                                        "count_include_pad": bool(count_include_pad)})
+
+
+@lowers(aten.avg_pool2d_backward.default)
+def _avg_pool2d_backward(ctx, grad, x, kernel, stride, padding, ceil_mode, count_include_pad,
+                         divisor_override):
+    if divisor_override is not None:
+        raise Unsupported("average pooling with a divisor override")
+    kernel = _pair(kernel)
+    return ctx.add1("avg_pool2d_backward", [ctx.value(grad), ctx.value(x)],
+                    {"kernel": kernel, "stride": _pair(stride, kernel),
+                     "padding": _pair(padding if isinstance(padding, (list, tuple)) else [padding]),
+                     "ceil_mode": bool(ceil_mode), "count_include_pad": bool(count_include_pad)})
 
 
 @lowers(aten._adaptive_avg_pool2d.default)

@@ -1,4 +1,4 @@
-"""Pooling, dropout and the backward ops of pooling (many-to-many)."""
+"""Pooling (max and average), dropout and the backward ops of pooling (many-to-many)."""
 from __future__ import annotations
 
 import math
@@ -54,6 +54,50 @@ def _max_pool2d_backward(grad, x, indices, *, kernel, stride, padding, dilation,
 
 define("max_pool2d_backward", 3, MANY, lambda ins, a: [ins[1].shape], lambda ins, a: [ins[0].dtype],
        _max_pool2d_backward, attrs=_POOL_ATTRS, flops=lambda ins, outs, a: ins[0].numel)
+
+
+def _avg_pool2d_shape(ins, attrs):
+    x = ins[0]
+    if x.rank not in (3, 4):
+        raise ShapeError(f"avg_pool2d needs a rank 3 or 4 input, got {x}")
+    if any(2 * p > k for p, k in zip(attrs["padding"], attrs["kernel"])):
+        raise ShapeError(f"avg_pool2d's padding {attrs['padding']} is more than half its "
+                         f"kernel {attrs['kernel']}")
+    dims = [_pool_out(x.shape[-2 + i], attrs["kernel"][i], attrs["stride"][i],
+                      attrs["padding"][i], 1, attrs["ceil_mode"]) for i in range(2)]
+    if min(dims) < 1:
+        raise ShapeError(f"avg_pool2d's windows do not fit {x}")
+    return [tuple(x.shape[:-2]) + tuple(dims)]
+
+
+def _avg_pool2d(x, *, kernel, stride, padding, ceil_mode, count_include_pad):
+    """2-D average pooling, windows as torch's (Inception's 3x3 stride-1 padded pools)."""
+    return torch.nn.functional.avg_pool2d(x, kernel, stride, padding, ceil_mode=ceil_mode,
+                                          count_include_pad=count_include_pad)
+
+
+_AVG_POOL_ATTRS = {"kernel": Attr("ints"), "stride": Attr("ints"), "padding": Attr("ints", [0, 0]),
+                   "ceil_mode": Attr("bool", False), "count_include_pad": Attr("bool", True)}
+
+
+def _float_only(ins, attrs):
+    if not ins[0].dtype.is_floating_point:
+        raise ShapeError(f"avg_pool2d needs floats, got {ins[0]}")
+    return [ins[0].dtype]
+
+
+define("avg_pool2d", 1, MANY, _avg_pool2d_shape, _float_only, _avg_pool2d,
+       attrs=_AVG_POOL_ATTRS, flops=lambda ins, outs, a: outs[0].numel * math.prod(a["kernel"]))
+
+
+def _avg_pool2d_backward(grad, x, *, kernel, stride, padding, ceil_mode, count_include_pad):
+    """Gradient of avg_pool2d: each window's gradient spread evenly over its cells."""
+    return torch.ops.aten.avg_pool2d_backward(grad, x, kernel, stride, padding, ceil_mode,
+                                              count_include_pad, None)
+
+
+define("avg_pool2d_backward", 2, MANY, lambda ins, a: [ins[1].shape], lambda ins, a: [ins[0].dtype],
+       _avg_pool2d_backward, attrs=_AVG_POOL_ATTRS, flops=lambda ins, outs, a: ins[0].numel)
 
 
 def _adaptive_shape(ins, attrs):
