@@ -68,6 +68,7 @@ class Staging:
     threads: int = 0
     reason: str = ""
     problem: st.Problem | None = None      # the steps and their measured costs
+    recalled: bool = False                  # the costs came from the tuning database
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
@@ -110,6 +111,7 @@ class Staging:
         key = _key(executor, self.step_names, self.schedule, cores)
         record = self.db.get(KIND, key[0], _target()) if self.db is not None else None
         costs = _recorded_costs(record, len(self.step_names))
+        self.recalled = costs is not None
         if record is not None and record.config.get("form") == "sequential" \
                 and record.samples.get("staged") and self.adopt == "faster":
             staged_s = min(record.samples.get("staged") or [float("nan")])
@@ -131,19 +133,24 @@ class Staging:
         if all(len(s.groups) == 1 for s in schedule):
             self.reason = (f"sequential: the {self.schedule} schedule runs no steps "
                            f"concurrently on these costs")
-            self._remember(key, "sequential", costs, {})
+            self._remember(key, "sequential", costs, {}, [])
             return
-        spec, stage_frees = plan_stages(schedule, layout, cores)
-        plan.set_stages(spec, stage_frees)
-        sequential_out = plan.run(inputs)
-        if sequential_out is None:
-            raise NotAdmitted()
-        plan.use_stages(True)
-        staged_out = plan.run(inputs)
-        mismatch = _disagreement(sequential_out, staged_out)
-        if mismatch:
-            plan.use_stages(False)
-            raise RuntimeError(f"the staged plan disagrees with the sequential one ({mismatch})")
+        install(plan, layout, schedule, inputs, cores)
+        split = _recorded_split(record)
+        if split is None:  # measure the stages as they run; split those that lost
+            split = losing_stages(problem, schedule, measure_stages(plan, layout, inputs,
+                                                                    len(schedule)))
+        if split:
+            schedule = refine(schedule, split, cores)
+            self.estimate = st.latency(problem, schedule)
+            self.stage_estimates = [st.stage_seconds(problem, s) for s in schedule]
+            if all(len(s.groups) == 1 for s in schedule):
+                plan.use_stages(False)
+                self.reason = (f"sequential: each concurrent stage of the {self.schedule} "
+                               f"schedule measured slower than its steps one after another")
+                self._remember(key, "sequential", costs, {}, split)
+                return
+            install(plan, layout, schedule, inputs, cores)
         if record is not None and record.config.get("form") == "staged":
             self._start(plan, layout, schedule, inputs,
                         "staged: measured faster before (tuning database)")
@@ -161,7 +168,7 @@ class Staging:
                            f"one step after another {_ms(sequential_s)}")
         if self.adopt == "faster":
             self._remember(key, "staged" if faster else "sequential", costs,
-                           {"staged": [staged_s], "sequential": [sequential_s]})
+                           {"staged": [staged_s], "sequential": [sequential_s]}, split)
 
     def _start(self, plan, layout, schedule, inputs, reason: str) -> None:
         plan.use_stages(True)
@@ -170,12 +177,14 @@ class Staging:
         self.stage_measured = (plan.timed_stages(inputs) or [])[first:first + len(schedule)]
         self.reason = reason
 
-    def _remember(self, key, form: str, costs: dict[int, list[float]], samples) -> None:
+    def _remember(self, key, form: str, costs: dict[int, list[float]], samples,
+                  split: list[tuple[int, ...]] | None = None) -> None:
         if self.db is None:
             return
         descriptor = describe_target()
         seconds = min(samples[form]) if samples.get(form) else 0.0
-        config = {"form": form, "costs": {str(t): c for t, c in costs.items()}}
+        config = {"form": form, "costs": {str(t): c for t, c in costs.items()},
+                  "split": [list(steps) for steps in split or []]}
         self.db.put(Record(KIND, key[0], target_id(descriptor), key[1], config, seconds,
                            samples), descriptor)
 
@@ -184,7 +193,8 @@ class Staging:
         their threads and the estimated against the measured stage time."""
         if not self.decided:
             return [f"stages ({self.schedule}): decided at the first call on the native plan"]
-        lines = [f"stages ({self.schedule}, {self.threads} threads): {self.reason}"]
+        lines = [f"stages ({self.schedule}, {self.threads} threads): {self.reason}"
+                 + (" [step costs from the tuning database]" if self.recalled else "")]
         if self.estimate is not None:
             lines.append(f"  estimated {_ms(self.estimate)} against {_ms(self.sequential_estimate)} "
                          "one step after another (step costs measured in place)")
@@ -310,6 +320,57 @@ def plan_stages(schedule: Sequence[st.Stage], layout, cores: int):
     return spec, stage_frees
 
 
+def install(plan, layout, schedule: Sequence[st.Stage], inputs, cores: int) -> None:
+    """Set `schedule`'s stages on the plan and run them, checked against the plan run
+    step by step on the same inputs; the stages stay in use."""
+    spec, stage_frees = plan_stages(schedule, layout, cores)
+    plan.set_stages(spec, stage_frees)
+    plan.use_stages(False)
+    sequential_out = plan.run(inputs)
+    if sequential_out is None:
+        raise NotAdmitted()
+    plan.use_stages(True)
+    mismatch = _disagreement(sequential_out, plan.run(inputs))
+    if mismatch:
+        plan.use_stages(False)
+        raise RuntimeError(f"the staged plan disagrees with the sequential one ({mismatch})")
+
+
+def measure_stages(plan, layout, inputs, stages: int, repeats: int = REPEATS) -> list[float]:
+    """Each of the plan's `stages` stages' median seconds as it runs them (the stages of
+    instructions around the steps left out)."""
+    first = 1 if layout.step_starts[0] > 0 else 0
+    runs = [(plan.timed_stages(inputs) or [])[first:first + stages] for _ in range(repeats)]
+    if any(len(r) != stages for r in runs):
+        raise NotAdmitted()
+    return [statistics.median(r[k] for r in runs) for k in range(stages)]
+
+
+def losing_stages(problem: st.Problem, schedule: Sequence[st.Stage],
+                  measured: Sequence[float]) -> list[tuple[int, ...]]:
+    """The concurrent stages that took longer, measured as they ran, than their steps one
+    after another on every thread take (IOS measures each stage it keeps; here the
+    estimate picks them and their measurement vetoes)."""
+    return [stage.steps for stage, took in zip(schedule, measured)
+            if len(stage.groups) > 1
+            and took > sum(problem.seconds(i, problem.cores) for i in stage.steps)]
+
+
+def refine(schedule: Sequence[st.Stage], split: Sequence[tuple[int, ...]],
+           cores: int) -> list[st.Stage]:
+    """`schedule` with the concurrent stages of `split` (by their steps) run one step after
+    another on every thread instead: group by group, each group's steps in order, which
+    keeps every dependence (the groups of a stage are independent)."""
+    lost = {tuple(steps) for steps in split}
+    refined = []
+    for stage in schedule:
+        if len(stage.groups) > 1 and stage.steps in lost:
+            refined.extend(st.Stage(((i,),), (cores,)) for g in stage.groups for i in g)
+        else:
+            refined.append(stage)
+    return refined
+
+
 def interleaved(plan, inputs, rounds: int) -> tuple[float, float]:
     """(staged, sequential) median seconds per call, alternating the two."""
     times: dict[bool, list[float]] = {True: [], False: []}
@@ -355,6 +416,16 @@ def _recorded_costs(record, steps: int) -> dict[int, list[float]] | None:
     if not costs or any(len(c) != steps for c in costs.values()):
         return None
     return costs
+
+
+def _recorded_split(record) -> list[tuple[int, ...]] | None:
+    """The stages a record says were split after measuring (None: measure them)."""
+    if record is None:
+        return None
+    try:
+        return [tuple(int(i) for i in steps) for steps in record.config["split"]]
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _disagreement(expected, got) -> str | None:
