@@ -194,9 +194,12 @@ class PassRun:
         return executor
 
     def _executor(self, graph: Graph, steps, device: str) -> Executor:
-        return Executor(graph, steps=steps, native=self.options.native, device=device,
-                        schedule=self.options.schedule,
-                        tuning_db=tune.open_db(self.options.tuning_db))
+        executor = Executor(graph, steps=steps, native=self.options.native, device=device,
+                            schedule=self.options.schedule,
+                            tuning_db=tune.open_db(self.options.tuning_db))
+        if executor.staging is not None and self.dump_dir is not None:
+            executor.staging.dump_to = self.dump_dir / "stages.txt"  # once decided
+        return executor
 
     def _placed(self, graph: Graph):
         """device="auto": the graph's groups placed on the CPU and the GPU by their measured

@@ -299,3 +299,13 @@ def test_a_concurrent_stage_measured_slower_than_its_steps_is_split_back():
     assert [s.groups for s in refined] == [((0,),), ((1,),), ((2,),), ((3,),), ((4,),)]
     assert all(s.threads == (2,) for s in refined)
     assert st.valid(problem, refined) is None
+
+
+def test_the_debug_dump_writes_the_stages_once_decided(tmp_path, flat_costs):
+    options = dataclasses.replace(OPTIONS, debug_dir=str(tmp_path))
+    executor = compile_graph(_branches(), options).executor
+    (graph_dir,) = tmp_path.iterdir()
+    assert not (graph_dir / "stages.txt").exists()
+    _staged(executor, [torch.randn(48, 48)])
+    text = (graph_dir / "stages.txt").read_text()
+    assert text.startswith("stages (ios, ") and "estimated" in text

@@ -20,11 +20,13 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from .. import tune
+from ..files import atomic_write
 from ..notices import warn_once
 from ..tune import Record, TuningDB
 from ..tune.configs import graph_key
@@ -69,6 +71,7 @@ class Staging:
     reason: str = ""
     problem: st.Problem | None = None      # the steps and their measured costs
     recalled: bool = False                  # the costs came from the tuning database
+    dump_to: Path | None = None              # the debug dump's file for `describe()`
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def __post_init__(self):
@@ -86,8 +89,10 @@ class Staging:
             if not self.decided:
                 self._decide(executor, list(inputs))
             self.decided = True
-        except NotAdmitted:
-            return  # later, on a call the plan takes
+        except NotAdmitted:  # later, on a call the plan takes; meanwhile, step by step
+            if executor.native.plan is not None:
+                executor.native.plan.use_stages(False)
+            return
         except Exception as err:  # noqa: BLE001  (the graph still runs, one step after another)
             plan = executor.native.plan
             if plan is not None:
@@ -99,6 +104,8 @@ class Staging:
             self.decided = True
         finally:
             self._lock.release()
+        if self.decided and self.dump_to is not None:
+            atomic_write(self.dump_to, lambda tmp: tmp.write_text("\n".join(self.describe()) + "\n"))
 
     def _decide(self, executor, inputs: list[torch.Tensor]) -> None:
         plan, layout = executor.native.plan, executor.native.layout

@@ -15,8 +15,9 @@ predecessors, is the minimum over the stages T that can end it (S - T closed) of
 chains of at most `max_stage` steps in all, side by side (a chain's steps run in order in
 its group; several steps merged into one group cost what they cost one stage after
 another, so single steps cover those). The search goes size by size and keeps the
-`beam` cheapest states of each size: a model's many independent steps (weights' views)
-would otherwise make the sets of scheduled steps countless. The result is compared with
+`beam` cheapest states of each size: a model's many independent steps would otherwise
+make the sets of scheduled steps countless; a stage's chains start from the costliest
+ready steps (see `_endings`). The result is compared with
 the sequential and critical-path schedules and the fastest returned.
 
 This module is the scheduling algorithm; schedule/concurrent.py runs its schedules on the
@@ -24,6 +25,7 @@ native plan.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -55,6 +57,10 @@ class Problem:
 
     def share(self, groups: int) -> int:
         return self.group_threads or self.cores // groups
+
+    @functools.cached_property
+    def successors(self) -> list[list[int]]:
+        return _successors(self)
 
     @property
     def n(self) -> int:
@@ -103,7 +109,7 @@ def sequential(problem: Problem) -> list[Stage]:
 def critical_path(problem: Problem) -> list[Stage]:
     """FastT's baseline: at each stage, the ready steps of the longest remaining paths run
     side by side, one per share of the cores (up to `cores` of them)."""
-    succs = _successors(problem)
+    succs = problem.successors
     level = [0.0] * problem.n
     for i in reversed(range(problem.n)):
         level[i] = problem.seconds(i, problem.cores) + max((level[s] for s in succs[i]),
@@ -124,7 +130,7 @@ def critical_path(problem: Problem) -> list[Stage]:
 
 
 def ios(problem: Problem, max_stage: int = 4, max_groups: int | None = None,
-        beam: int = 64) -> list[Stage]:
+        beam: int = 16) -> list[Stage]:
     """The least-latency schedule the bounded search finds (see the module's docstring),
     never slower than the sequential or critical-path schedule."""
     return min((search(problem, max_stage, max_groups, beam), critical_path(problem),
@@ -132,7 +138,7 @@ def ios(problem: Problem, max_stage: int = 4, max_groups: int | None = None,
 
 
 def search(problem: Problem, max_stage: int = 4, max_groups: int | None = None,
-           beam: int = 64) -> list[Stage]:
+           beam: int = 16) -> list[Stage]:
     """IOS's dynamic program, bounded by `max_stage`, `max_groups` and `beam`."""
     max_groups = min(max_groups or problem.cores, problem.cores)
     start: frozenset[int] = frozenset()
@@ -143,13 +149,16 @@ def search(problem: Problem, max_stage: int = 4, max_groups: int | None = None,
         kept = sorted(levels.pop(size, ()), key=lambda state: best[state][0])[:beam]
         for state in kept:
             so_far = best[state][0]
-            for block in _endings(problem, state, max_stage, max_groups):
-                stage = _stage(problem, block)
+            for block, pieces in _endings(problem, state, max_stage, max_groups):
+                stage = _stage(problem, block, pieces)
                 nxt = state | block
                 total = so_far + stage_seconds(problem, stage)
                 if nxt not in best or total < best[nxt][0] - 1e-15:
                     best[nxt] = (total, state, stage)
-                    levels.setdefault(len(nxt), set()).add(nxt)
+                    level = levels.setdefault(len(nxt), set())
+                    level.add(nxt)
+                    if len(level) > 16 * beam:  # keep memory bounded: drop the costliest
+                        _prune(level, best, 4 * beam)
     stages = []
     state = frozenset(range(problem.n))
     while state:
@@ -160,6 +169,14 @@ def search(problem: Problem, max_stage: int = 4, max_groups: int | None = None,
     return stages
 
 
+def _prune(level: set[frozenset[int]], best: dict, keep: int) -> None:
+    """Keep the `keep` cheapest states of a level not yet extended; forget the others."""
+    ranked = sorted(level, key=lambda state: best[state][0])
+    for state in ranked[keep:]:
+        level.discard(state)
+        del best[state]
+
+
 def _successors(problem: Problem) -> list[list[int]]:
     succs: list[list[int]] = [[] for _ in range(problem.n)]
     for i, ps in enumerate(problem.preds):
@@ -168,34 +185,46 @@ def _successors(problem: Problem) -> list[list[int]]:
     return succs
 
 
-def _endings(problem: Problem, state: frozenset[int], limit: int,
-             max_groups: int) -> list[frozenset[int]]:
+def _endings(problem: Problem, state: frozenset[int], limit: int, max_groups: int,
+             width: int = 6, most: int = 64) -> list[tuple[frozenset[int], list[frozenset[int]]]]:
     """The stages worth trying next: one ready step alone, or 2..max_groups independent
     chains of at most `limit` steps together, every step's predecessors in `state` or
     before it in its chain. (Several steps merged into one group cost what they cost one
-    stage after another, so single steps cover those.)"""
-    ready = [i for i in range(problem.n) if i not in state and problem.preds[i] <= state]
-    found: set[frozenset[int]] = {frozenset({i}) for i in ready}
-    grow = list(found)
-    while grow:
+    stage after another, so single steps cover those.) Bounded as IOS bounds its search:
+    chains start from the `width` costliest ready steps (a cheap step gains little from
+    company) and grow by their successors, and at most `most` endings are tried."""
+    low = min((i for i in range(problem.n) if i not in state), default=problem.n)
+    ready = [i for i in range(low, problem.n) if i not in state and problem.preds[i] <= state]
+    found: dict[frozenset[int], list[frozenset[int]]] = {
+        frozenset({i}): [frozenset({i})] for i in ready}
+    seeds = sorted(ready, key=lambda i: -problem.seconds(i, problem.cores))[:width]
+    succs = problem.successors
+    grow = [frozenset({i}) for i in seeds]
+    while grow and len(found) < most:
         current = grow.pop()
         if len(current) == limit:
             continue
         have = state | current
-        for i in range(problem.n):
+        for i in sorted(set(seeds).union(*(succs[j] for j in current))):
             if i in have or not problem.preds[i] <= have:
                 continue
             bigger = current | {i}
-            if bigger not in found and len(_pieces(problem, bigger)) <= max_groups:
-                found.add(bigger)
+            if bigger in found:
+                continue
+            # i joins the pieces holding its predecessors (nothing in the block follows i)
+            pieces = [p for p in found[current] if not p & problem.preds[i]]
+            pieces.append(frozenset({i}).union(*(p for p in found[current]
+                                                 if p & problem.preds[i])))
+            if len(pieces) <= max_groups:
+                found[bigger] = pieces
                 grow.append(bigger)
-    return [t for t in found if len(t) == 1 or len(_pieces(problem, t)) > 1]
+    return [(t, pieces) for t, pieces in found.items() if len(t) == 1 or len(pieces) > 1]
 
 
-def _stage(problem: Problem, block: frozenset[int]) -> Stage:
-    """A single step with every core, or the block's independent chains side by side
-    (merged into one group where two of them may not run at once)."""
-    pieces = _pieces(problem, block)
+def _stage(problem: Problem, block: frozenset[int], pieces: list[frozenset[int]]) -> Stage:
+    """A single step with every core, or the block's independent chains (`pieces`) side by
+    side (merged into one group where two of them may not run at once)."""
+    pieces = sorted(pieces, key=min)
     if len(pieces) == 1 or any(problem.exclusive(i, j) for a, pa in enumerate(pieces)
                                for pb in pieces[a + 1:] for i in pa for j in pb):
         return Stage((tuple(sorted(block)),), (problem.cores,))
