@@ -194,11 +194,16 @@ class PassRun:
         return executor
 
     def _executor(self, graph: Graph, steps, device: str) -> Executor:
-        executor = Executor(graph, steps=steps, native=self.options.native, device=device,
-                            schedule=self.options.schedule,
-                            tuning_db=tune.open_db(self.options.tuning_db))
-        if executor.staging is not None and self.dump_dir is not None:
-            executor.staging.dump_to = self.dump_dir / "stages.txt"  # once decided
+        """The graph's executor; with schedule="ios" or "critical-path", carrying the
+        Staging that runs its steps in concurrent stages (schedule/concurrent.py)."""
+        executor = Executor(graph, steps=steps, native=self.options.native, device=device)
+        if self.options.schedule != "sequential" and executor.native.mode != "off":
+            from .schedule.concurrent import Staging
+
+            executor.staging = Staging(self.options.schedule,
+                                       tune.open_db(self.options.tuning_db))
+            if self.dump_dir is not None:
+                executor.staging.dump_to = self.dump_dir / "stages.txt"  # once decided
         return executor
 
     def _placed(self, graph: Graph):

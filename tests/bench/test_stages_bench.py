@@ -10,9 +10,7 @@ def test_each_schedule_runs_the_model_and_computes_what_the_sequential_plan_does
     assert set(row.ms) == set(stages.SCHEDULES) and all(v > 0 for v in row.ms.values())
     assert row.steps > 10 and row.eager_ms > 0
     assert row.concurrent["sequential"] == 0
-    # IOS is never estimated slower than either baseline on the same costs
-    assert row.estimate_ms["ios"] <= min(row.estimate_ms["sequential"],
-                                         row.estimate_ms["critical-path"]) + 1e-9
+    assert all(v > 0 for v in row.estimate_ms.values())  # (their order: test_stages.py)
     assert max(row.max_diff.values()) < 1e-4
     text = stages.table([row])
     assert text.splitlines()[0] == stages.HEADER.splitlines()[0]

@@ -26,15 +26,18 @@ OPTIONS = Options(deterministic=True, measure=False, native="wait", tuning_db=No
 
 @pytest.fixture
 def flat_costs(monkeypatch):
-    """Every step costs the same on one thread as on all, and a fork and join next to
-    nothing: the schedule runs independent steps side by side wherever it can, whatever
-    this machine measures."""
+    """Every step costs the same on one thread as on all, a fork and join next to nothing,
+    and every stage as it runs nothing: the schedule runs independent steps side by side
+    wherever it can, whatever this machine measures."""
     def flat(plan, layout, inputs, threads, repeats=1):
         n = len(layout.step_starts) - 1
         return {t: [1e-4] * n for t in threads}
 
     monkeypatch.setattr(concurrent, "measure_costs", flat)
     monkeypatch.setattr(concurrent, "measure_sync", lambda cores: 1e-6)
+    # and no stage is ever measured slower than its steps (none is split back)
+    monkeypatch.setattr(concurrent, "measure_stages",
+                        lambda plan, layout, inputs, stages, repeats=3: [0.0] * stages)
 
 
 def _branches(width: int = 3, size: int = 48) -> Graph:

@@ -32,8 +32,7 @@ class InputError(ValueError):
 
 class Executor:
     def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
-                 steps=None, native: str = "off", device: str = "cpu",
-                 schedule: str = "sequential", tuning_db=None):
+                 steps=None, native: str = "off", device: str = "cpu"):
         verify(graph)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
@@ -86,13 +85,9 @@ class Executor:
         if self.device.type != "cpu":
             self._steps = [(_on(self.device, call) if not ins else call, ins, outs, frees)
                            for call, ins, outs, frees in self._steps]
-        # concurrent stages on the native plan (schedule/concurrent.py), decided at the
-        # first call the plan runs
+        # concurrent stages on the native plan: a schedule.concurrent.Staging the pipeline
+        # attaches (schedule="ios"), decided at the first call the plan runs
         self.staging = None
-        if native != "off" and schedule != "sequential":
-            from ..schedule.concurrent import Staging
-
-            self.staging = Staging(schedule, tuning_db)
 
     def _make_call(self, node, outs):
         opdef, attrs = node.opdef, node.attrs
