@@ -312,3 +312,20 @@ def test_the_debug_dump_writes_the_stages_once_decided(tmp_path, flat_costs):
     _staged(executor, [torch.randn(48, 48)])
     text = (graph_dir / "stages.txt").read_text()
     assert text.startswith("stages (ios, ") and "estimated" in text
+
+
+def test_stages_are_decided_again_when_torch_changes_its_thread_count(flat_costs):
+    executor = compile_graph(_branches(), OPTIONS).executor
+    x = torch.randn(48, 48)
+    threads = torch.get_num_threads()
+    if threads < 2:
+        pytest.skip("needs two threads to drop to one")
+    _staged(executor, [x])
+    assert executor.staging.threads == threads
+    torch.set_num_threads(1)
+    try:
+        executor(x)
+        assert executor.staging.decided and executor.staging.threads == 1
+        assert executor.staging.stages is None and not executor.native.plan.staged
+    finally:
+        torch.set_num_threads(threads)

@@ -133,8 +133,12 @@ class Executor:
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
         native, plan = self.native, self.native.plan
         if plan is not None:
-            if self.staging is not None and not self.staging.decided:
-                self.staging.decide(self, inputs)
+            staging = self.staging
+            if staging is not None:
+                if staging.stale():  # torch.set_num_threads since: decide again
+                    staging.reset(plan)
+                if not staging.decided:
+                    staging.decide(self, inputs)
             outputs = plan.run(inputs)
             if outputs is not None:
                 return outputs

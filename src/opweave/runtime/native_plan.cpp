@@ -34,14 +34,17 @@
 
 // The OpenMP runtime and MKL torch itself loaded (resolved through libtorch_cpu): a
 // thread's team size for OpenMP regions (generated kernels, ATen, oneDNN) and for MKL.
+// Weak: a torch built without OpenMP or MKL loads this module all the same; stages then
+// run their groups one after another, and team sizes are left alone.
 extern "C" {
-void omp_set_num_threads(int);
-int omp_get_max_threads(void);
-int omp_get_num_threads(void);
-int omp_get_thread_num(void);
-void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags);
+void omp_set_num_threads(int) __attribute__((weak));
+int omp_get_max_threads(void) __attribute__((weak));
+int omp_get_num_threads(void) __attribute__((weak));
+int omp_get_thread_num(void) __attribute__((weak));
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
+    __attribute__((weak));
 // mkl_service.h spells mkl_set_num_threads_local so (the lower-case symbol is Fortran's, by pointer)
-int MKL_Set_Num_Threads_Local(int);
+int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
 }
 
 namespace py = pybind11;
@@ -51,19 +54,22 @@ namespace {
 // This thread's thread count for OpenMP and MKL, restored when the guard ends.
 class TeamSize {
  public:
-  explicit TeamSize(int threads) : omp_(omp_get_max_threads()) {
-    omp_set_num_threads(threads);
-    mkl_ = MKL_Set_Num_Threads_Local(threads);
+  explicit TeamSize(int threads) {
+    if (omp_get_max_threads && omp_set_num_threads) {
+      omp_ = omp_get_max_threads();
+      omp_set_num_threads(threads);
+    }
+    if (MKL_Set_Num_Threads_Local) mkl_ = MKL_Set_Num_Threads_Local(threads);
   }
   ~TeamSize() {
-    omp_set_num_threads(omp_);
-    MKL_Set_Num_Threads_Local(mkl_);
+    if (omp_ > 0) omp_set_num_threads(omp_);
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(mkl_);
   }
   TeamSize(const TeamSize&) = delete;
   TeamSize& operator=(const TeamSize&) = delete;
 
  private:
-  int omp_, mkl_;
+  int omp_ = 0, mkl_ = 0;
 };
 
 // Runs the tasks at once, one per thread of an OpenMP team: the calling thread's own
@@ -76,6 +82,10 @@ void run_together(const std::vector<std::function<void()>>& tasks) {
     const std::vector<std::function<void()>>* tasks;
     std::vector<std::exception_ptr> errors;
   } shared{&tasks, std::vector<std::exception_ptr>(tasks.size())};
+  if (!GOMP_parallel || !omp_get_num_threads || !omp_get_thread_num) {
+    for (const auto& task : tasks) task();  // no OpenMP: one after another
+    return;
+  }
   GOMP_parallel(
       [](void* data) {
         auto* s = static_cast<Shared*>(data);
@@ -298,6 +308,27 @@ class Plan {
     return py::cast(seconds);
   }
 
+  // The outputs of the stages set by set_stages, run once on these inputs, without
+  // switching calls to them (None when the inputs are not the recorded kind): to check
+  // them before any other thread's call can run them.
+  py::object run_stages(const py::sequence& inputs) {
+    std::shared_ptr<const std::vector<Stage>> stages;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stages = stages_;
+    }
+    TORCH_CHECK(stages, "this plan has no stages");
+    std::vector<at::Tensor> slots;
+    if (!admit(inputs, slots)) return py::none();
+    {
+      py::gil_scoped_release released;
+      execute_stages(*stages, slots);
+    }
+    py::list result;
+    for (int s : outputs_) result.append(py::cast(slots[s]));
+    return result;
+  }
+
   // Runs the stages once and returns each stage's wall time in seconds (None when the
   // inputs are not the recorded kind): what `explain` shows beside the estimates.
   py::object timed_stages(const py::sequence& inputs) {
@@ -399,7 +430,7 @@ class Plan {
       auto start = std::chrono::steady_clock::now();
       if (stage.groups.size() == 1) {
         const Group& only = stage.groups[0];
-        if (only.threads == omp_get_max_threads()) {
+        if (!omp_get_max_threads || only.threads == omp_get_max_threads()) {
           execute_group(only, slots);
         } else {
           TeamSize team(only.threads);
@@ -574,6 +605,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run", &Plan::run)
       .def("timed", &Plan::timed)
       .def("timed_stages", &Plan::timed_stages)
+      .def("run_stages", &Plan::run_stages)
       .def("set_stages", &Plan::set_stages)
       .def("use_stages", &Plan::use_stages)
       .def_property_readonly("staged", &Plan::staged);

@@ -105,7 +105,24 @@ class Staging:
         finally:
             self._lock.release()
         if self.decided and self.dump_to is not None:
-            atomic_write(self.dump_to, lambda tmp: tmp.write_text("\n".join(self.describe()) + "\n"))
+            try:
+                atomic_write(self.dump_to,
+                             lambda tmp: tmp.write_text("\n".join(self.describe()) + "\n"))
+            except OSError as err:
+                warn_once(f"opweave: the debug dump could not write {self.dump_to}: {err}",
+                          StagingWarning)
+
+    def stale(self) -> bool:
+        """Whether the stages were decided for another thread count than torch uses now
+        (`torch.set_num_threads` since): then they are decided again."""
+        return self.decided and self.threads != 0 and torch.get_num_threads() != self.threads
+
+    def reset(self, plan) -> None:
+        """Back to undecided, calls running step by step meanwhile."""
+        if plan is not None:
+            plan.use_stages(False)
+        self.decided, self.stages, self.problem, self.measured = False, None, None, None
+        self.estimate = self.sequential_estimate = self.stage_measured = None
 
     def _decide(self, executor, inputs: list[torch.Tensor]) -> None:
         plan, layout = executor.native.plan, executor.native.layout
@@ -189,7 +206,8 @@ class Staging:
         if self.db is None:
             return
         descriptor = describe_target()
-        seconds = min(samples[form]) if samples.get(form) else 0.0
+        # unmeasured (decided on the costs alone): the steps' estimated sequential time
+        seconds = min(samples[form]) if samples.get(form) else max(sum(costs[max(costs)]), 1e-9)
         config = {"form": form, "costs": {str(t): c for t, c in costs.items()},
                   "split": [list(steps) for steps in split or []]}
         self.db.put(Record(KIND, key[0], target_id(descriptor), key[1], config, seconds,
@@ -331,16 +349,14 @@ def install(plan, layout, schedule: Sequence[st.Stage], inputs, cores: int) -> N
     """Set `schedule`'s stages on the plan and run them, checked against the plan run
     step by step on the same inputs; the stages stay in use."""
     spec, stage_frees = plan_stages(schedule, layout, cores)
-    plan.set_stages(spec, stage_frees)
-    plan.use_stages(False)
+    plan.set_stages(spec, stage_frees)  # calls run step by step until checked
     sequential_out = plan.run(inputs)
     if sequential_out is None:
         raise NotAdmitted()
-    plan.use_stages(True)
-    mismatch = _disagreement(sequential_out, plan.run(inputs))
+    mismatch = _disagreement(sequential_out, plan.run_stages(inputs))
     if mismatch:
-        plan.use_stages(False)
         raise RuntimeError(f"the staged plan disagrees with the sequential one ({mismatch})")
+    plan.use_stages(True)
 
 
 def measure_stages(plan, layout, inputs, stages: int, repeats: int = REPEATS) -> list[float]:

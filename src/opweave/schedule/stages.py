@@ -192,7 +192,8 @@ def _endings(problem: Problem, state: frozenset[int], limit: int, max_groups: in
     before it in its chain. (Several steps merged into one group cost what they cost one
     stage after another, so single steps cover those.) Bounded as IOS bounds its search:
     chains start from the `width` costliest ready steps (a cheap step gains little from
-    company) and grow by their successors, and at most `most` endings are tried."""
+    company) and grow by their successors, and at most `most` endings of two steps or
+    more are tried besides the single steps."""
     low = min((i for i in range(problem.n) if i not in state), default=problem.n)
     ready = [i for i in range(low, problem.n) if i not in state and problem.preds[i] <= state]
     found: dict[frozenset[int], list[frozenset[int]]] = {
@@ -200,7 +201,8 @@ def _endings(problem: Problem, state: frozenset[int], limit: int, max_groups: in
     seeds = sorted(ready, key=lambda i: -problem.seconds(i, problem.cores))[:width]
     succs = problem.successors
     grow = [frozenset({i}) for i in seeds]
-    while grow and len(found) < most:
+    grown = 0  # endings of two steps or more (single steps are always tried)
+    while grow and grown < most:
         current = grow.pop()
         if len(current) == limit:
             continue
@@ -218,6 +220,7 @@ def _endings(problem: Problem, state: frozenset[int], limit: int, max_groups: in
             if len(pieces) <= max_groups:
                 found[bigger] = pieces
                 grow.append(bigger)
+                grown += 1
     return [(t, pieces) for t, pieces in found.items() if len(t) == 1 or len(pieces) > 1]
 
 
