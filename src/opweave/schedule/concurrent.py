@@ -8,7 +8,9 @@ Nothing is assumed. Once an executor's native plan is active, its next call:
    step on t threads), and the price of a fork and join;
 2. schedules the steps on those costs;
 3. runs the staged plan and checks its outputs against the plan run step by step;
-4. times both, interleaved, and keeps the stages only if they are faster.
+4. measures each stage as it runs and splits back the concurrent stages that lost to
+   their own steps run one after another;
+5. times both, interleaved, and keeps the stages only if they are faster.
 The decision and the measured costs are remembered in the tuning database (kind
 "stage-schedule", keyed by the graph, its steps and the thread count): a later process on
 this machine schedules from the recorded costs, checks the outputs again and measures
