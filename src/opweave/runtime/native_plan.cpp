@@ -282,9 +282,7 @@ class Plan {
         execute(slots);
       }
     }
-    py::list result;
-    for (int s : outputs_) result.append(py::cast(slots[s]));
-    return result;
+    return outputs(slots);
   }
 
   // Runs the plan one instruction after another on `threads` threads and returns each
@@ -308,30 +306,11 @@ class Plan {
     return py::cast(seconds);
   }
 
-  // The outputs of the stages set by set_stages, run once on these inputs, without
-  // switching calls to them (None when the inputs are not the recorded kind): to check
-  // them before any other thread's call can run them.
+  // The stages set by set_stages, run once on these inputs without switching calls to
+  // them: (the outputs, each stage's wall time in seconds), or None when the inputs are
+  // not the recorded kind. To check the stages before any other thread's call runs them,
+  // and to time them stage by stage (what `explain` shows beside the estimates).
   py::object run_stages(const py::sequence& inputs) {
-    std::shared_ptr<const std::vector<Stage>> stages;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stages = stages_;
-    }
-    TORCH_CHECK(stages, "this plan has no stages");
-    std::vector<at::Tensor> slots;
-    if (!admit(inputs, slots)) return py::none();
-    {
-      py::gil_scoped_release released;
-      execute_stages(*stages, slots);
-    }
-    py::list result;
-    for (int s : outputs_) result.append(py::cast(slots[s]));
-    return result;
-  }
-
-  // Runs the stages once and returns each stage's wall time in seconds (None when the
-  // inputs are not the recorded kind): what `explain` shows beside the estimates.
-  py::object timed_stages(const py::sequence& inputs) {
     std::shared_ptr<const std::vector<Stage>> stages;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -345,7 +324,7 @@ class Plan {
       py::gil_scoped_release released;
       execute_stages(*stages, slots, &seconds);
     }
-    return py::cast(seconds);
+    return py::make_tuple(outputs(slots), py::cast(seconds));
   }
 
   // Stages for calls to run once `use_stages(true)`: per stage, per group (instructions, the
@@ -382,6 +361,12 @@ class Plan {
   bool staged() const { return active() != nullptr; }
 
  private:
+  py::list outputs(const std::vector<at::Tensor>& slots) const {
+    py::list result;
+    for (int s : outputs_) result.append(py::cast(slots[s]));
+    return result;
+  }
+
   // The call's slots with the inputs in place, or false when they are not the recorded kind.
   bool admit(const py::sequence& inputs, std::vector<at::Tensor>& slots) const {
     if (static_cast<size_t>(py::len(inputs)) != guards_.size()) return false;
@@ -604,7 +589,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("__len__", &Plan::size)
       .def("run", &Plan::run)
       .def("timed", &Plan::timed)
-      .def("timed_stages", &Plan::timed_stages)
       .def("run_stages", &Plan::run_stages)
       .def("set_stages", &Plan::set_stages)
       .def("use_stages", &Plan::use_stages)

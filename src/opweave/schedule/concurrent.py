@@ -200,7 +200,8 @@ class Staging:
         plan.use_stages(True)
         self.stages = schedule
         first = 1 if layout.step_starts[0] > 0 else 0  # a stage of what precedes the steps
-        self.stage_measured = (plan.timed_stages(inputs) or [])[first:first + len(schedule)]
+        ran = plan.run_stages(inputs)
+        self.stage_measured = ran[1][first:first + len(schedule)] if ran is not None else []
         self.reason = reason
 
     def _remember(self, key, form: str, costs: dict[int, list[float]], samples,
@@ -355,7 +356,8 @@ def install(plan, layout, schedule: Sequence[st.Stage], inputs, cores: int) -> N
     sequential_out = plan.run(inputs)
     if sequential_out is None:
         raise NotAdmitted()
-    mismatch = _disagreement(sequential_out, plan.run_stages(inputs))
+    ran = plan.run_stages(inputs)
+    mismatch = _disagreement(sequential_out, ran[0] if ran is not None else None)
     if mismatch:
         raise RuntimeError(f"the staged plan disagrees with the sequential one ({mismatch})")
     plan.use_stages(True)
@@ -365,7 +367,8 @@ def measure_stages(plan, layout, inputs, stages: int, repeats: int = REPEATS) ->
     """Each of the plan's `stages` stages' median seconds as it runs them (the stages of
     instructions around the steps left out)."""
     first = 1 if layout.step_starts[0] > 0 else 0
-    runs = [(plan.timed_stages(inputs) or [])[first:first + stages] for _ in range(repeats)]
+    runs = [(ran[1] if ran is not None else [])[first:first + stages]
+            for ran in (plan.run_stages(inputs) for _ in range(repeats))]
     if any(len(r) != stages for r in runs):
         raise NotAdmitted()
     return [statistics.median(r[k] for r in runs) for k in range(stages)]

@@ -26,7 +26,6 @@ native plan.
 from __future__ import annotations
 
 import functools
-import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -233,23 +232,3 @@ def _stage(problem: Problem, block: frozenset[int], pieces: list[frozenset[int]]
         return Stage((tuple(sorted(block)),), (problem.cores,))
     share = problem.share(len(pieces))
     return Stage(tuple(tuple(sorted(p)) for p in pieces), (share,) * len(pieces))
-
-
-def _pieces(problem: Problem, block: frozenset[int]) -> list[set[int]]:
-    """The block's steps grouped by dependence inside it (union-find over its edges)."""
-    parent = {i: i for i in block}
-
-    def root(i):
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    for i in block:
-        for p in problem.preds[i]:
-            if p in block:
-                parent[root(i)] = root(p)
-    pieces: dict[int, set[int]] = {}
-    for i in block:
-        pieces.setdefault(root(i), set()).add(i)
-    return sorted(pieces.values(), key=min)
