@@ -29,6 +29,7 @@ from .ir.outline import OutlineNode, outline
 from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
+from .codegen import int8
 from .runtime import Executor
 from .runtime.executor import copied_from
 from .runtime.cuda_graphs import CudaGraphed
@@ -147,14 +148,23 @@ class PassRun:
             raise RuntimeError(f"device={device!r} was asked for {graph.name}, but torch "
                                f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
                                "'auto'")
+        if precision == "int8" and on_gpu:
+            raise ValueError(f"precision='int8' runs on the CPU (oneDNN's int8 primitives); "
+                             f"int8 on {device} is not built: use device='cpu' or another "
+                             "precision")
         if device == "auto":
-            if torch.cuda.is_available() and self.options.memory_budget is None:
+            if torch.cuda.is_available() and self.options.memory_budget is None \
+                    and precision != "int8":
                 return self._placed(graph)
             device = "cpu"
-            why = "no CUDA GPU" if not torch.cuda.is_available() else "a memory budget"
+            why = ("no CUDA GPU" if not torch.cuda.is_available() else "a memory budget"
+                   if self.options.memory_budget is not None else "int8 runs on the CPU")
             self._record(PassReport("placement", 0.0, size, size,
                                     f"placement: all on the cpu ({why})"), None)
         if self.options.fusion == "off":
+            if precision == "int8":
+                warn_once(f"opweave: {graph.name} computes in float32: int8 runs on fused "
+                          "library groups, and fusion is off", FusionWarning)
             steps = None  # the executor's own step per op
             if self.options.memory_budget is not None or precision != "fp32":
                 steps = lower(graph, "off", precision=precision).steps
@@ -197,6 +207,9 @@ class PassRun:
         """The graph's executor; with schedule="ios" or "critical-path", carrying the
         Staging that runs its steps in concurrent stages (schedule/concurrent.py)."""
         executor = Executor(graph, steps=steps, native=self.options.native, device=device)
+        quantized = [s.fn for s in steps or () if isinstance(s.fn, int8.Int8Group)]
+        if quantized:
+            executor.calibration = int8.Calibration(quantized)
         if self.options.schedule != "sequential" and executor.native.mode != "off":
             from .schedule.concurrent import Staging
 

@@ -27,6 +27,7 @@ from ..ir.graph import Node, Value
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
 from .. import shared_constants
+from . import int8
 from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
@@ -70,7 +71,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer).
     `precision`: "bf16" packs the weight in bfloat16 and computes the group on bfloat16
     operands (codegen/precision.LowPrecisionCall: its result is widened back to float32
-    unless only bf16 steps read it)."""
+    unless only bf16 steps read it); "int8" adds the int8 form "onednn-int8" where oneDNN
+    fuses the group's epilogue (codegen/int8.py)."""
     if not supports():
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
@@ -81,6 +83,10 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
+    if int8.applies(precision, anchor.op) and _int8_fuses(anchor, ep):
+        make = _int8_linear if anchor.op == "matmul" else _int8_conv
+        found["onednn-int8"] = int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
+                                              found["onednn"], requantizes=ep.binary is None)
     return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
 
 
@@ -202,12 +208,106 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     return conv
 
 
+def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
+    """Whether oneDNN's int8 primitive computes the whole group (its unary epilogue is one
+    it fuses; a 2-D or 1-D convolution; a linear layer over rows)."""
+    if ep.unary is not None and ep.unary.op not in int8.FUSED_UNARY[anchor.op]:
+        return False
+    rank = len(anchor.inputs[0].type.shape)
+    return rank == 2 if anchor.op == "matmul" else rank in (3, 4)
+
+
+def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
+    """The int8 form of a linear group: `build(scale, zero point, out)` (int8.Int8Group)."""
+    m, k = anchor.inputs[0].type.shape
+    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
+    w = constant_of(graph, anchor.inputs[1])
+    scales = shared_constants.derived("int8-scales-t", [w], (),
+                                      lambda: int8.weight_qparams(w.t())[1])
+    packed = shared_constants.derived(
+        "qlinear-pack", [w], (_rows_hint(m),),
+        lambda: torch.ops.onednn.qlinear_prepack(int8.weight_qparams(w.t())[0], [m, k]))
+    zero_points = torch.zeros(n, dtype=torch.long)
+    bias = None
+    if ep.bias is not None:
+        b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
+        bias = constant_of(graph, b).reshape(n).float().contiguous()
+    attr, scalars, algorithm = _unary(ep)
+
+    def build(scale, zero_point, out):
+        quantize = int8.Quantizer(scale, zero_point)
+        o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
+        if ep.binary is not None:
+            op = torch.ops.onednn.qlinear_pointwise.binary
+            return lambda x, other: [_shaped(op(
+                quantize(x), scale, zero_point, packed, scales, zero_points,
+                other.reshape(m, n), bias, o_scale, o_zp, o_dtype, 1.0, 0, "add", 1.0,
+                attr, scalars, algorithm), out_shape)]
+        op = torch.ops.onednn.qlinear_pointwise.default
+        return lambda x: [_shaped(op(quantize(x), scale, zero_point, packed, scales,
+                                     zero_points, bias, o_scale, o_zp, o_dtype, attr, scalars,
+                                     algorithm), out_shape)]
+    return build
+
+
+def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
+    """The int8 form of a convolution group (1-D ones as 2-D over a height of 1); with a
+    residual add, oneDNN sums into a float32 accumulator: the residual itself where it is
+    dead after the group (`inplace`), else a copy of it."""
+    a = anchor.attrs
+    w = constant_of(graph, anchor.inputs[1])
+    bias = constant_of(graph, anchor.inputs[2]).float().contiguous() \
+        if len(anchor.inputs) > 2 else None
+    size = list(anchor.inputs[0].type.shape)
+    padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
+    one_d = len(size) == 3
+    if one_d:
+        size = size[:2] + [1] + size[2:]
+        padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
+    groups = a["groups"]
+    scales = shared_constants.derived("int8-scales", [w], (), lambda: int8.weight_qparams(w)[1])
+    zero_points = torch.zeros(w.shape[0], dtype=torch.long)
+    cl = torch.channels_last
+
+    def to_2d(t):
+        return t.unsqueeze(2) if one_d else t
+
+    def finish(y):
+        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+
+    def build(scale, zero_point, out):
+        qweight = int8.weight_qparams(w)[0]
+        packed = torch.ops.onednn.qconv_prepack(
+            qweight.unsqueeze(2) if one_d else qweight, scales, scale, zero_point, stride,
+            padding, dilation, groups, size)
+        quantize = int8.Quantizer(scale, zero_point)
+        o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
+        if ep.binary is not None:
+            op = torch.ops.onednn.qconv2d_pointwise.binary
+            unary = ep.unary.op if ep.unary is not None else "none"
+
+            def conv_add(x, other):
+                acc = to_2d(other)
+                acc = acc.contiguous(memory_format=cl) if inplace else acc.clone(memory_format=cl)
+                return [finish(op(to_2d(quantize(x)), scale, zero_point, packed, scales,
+                                  zero_points, acc, bias, stride, padding, dilation, groups,
+                                  o_scale, o_zp, o_dtype, 1.0, 0, "sum", 1.0, unary, [], ""))]
+            return conv_add
+        op = torch.ops.onednn.qconv2d_pointwise.default
+        attr, scalars, algorithm = _unary(ep)
+        return lambda x: [finish(op(to_2d(quantize(x)), scale, zero_point, packed, scales,
+                                    zero_points, bias, stride, padding, dilation, groups,
+                                    o_scale, o_zp, o_dtype, attr, scalars, algorithm))]
+    return build
+
+
 def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32") -> tuple:
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
     # float32 keys stay as they were, so records made before precisions existed still count
-    return key + (("precision", precision),) if prec.applies(precision, anchor.op) else key
+    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op)
+    return key + (("precision", precision),) if lowered else key
 
 
 KIND = "library-form"  # the tuning database's name for this decision

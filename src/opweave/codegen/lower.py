@@ -22,6 +22,7 @@ from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from . import build, gemm, library
+from . import int8
 from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
 from .templates import render_single
@@ -116,7 +117,7 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
         return lower_for_triton(graph, mode, ilp_seconds, precision, apart)
     if mode == "off":
         steps = [op_step(n, precision) for n in graph.nodes if n.op != "constant"]
-        if precision != "fp32":
+        if precision == "bf16":
             prec.hand_off_in_bf16(steps, graph.outputs)
         return Lowered(steps, None)
     measured = ((lambda ctx, g: measured_anchor_seconds(graph, ctx, g, precision))
@@ -150,8 +151,10 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
                     render(graph, nodes, lambda v, g=group: ctx.escapes(v, g)))
     _build(pending, lowered)
     _drop_unread(lowered, graph)
-    if precision != "fp32":
+    if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
+    elif precision == "int8":
+        int8.link_requantization(lowered.steps, graph.outputs)
     return lowered
 
 
@@ -222,16 +225,19 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
                                                            inplace, precision)
     if measure:
         chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
-    else:
-        chosen = "onednn" if "onednn" in candidates else "reference"
+    else:  # the precision's library form
+        chosen = next((c for c in ("onednn-int8", "onednn") if c in candidates), "reference")
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
     if kind == "library" and prec.applies(precision, nodes[0].op):
         name += f" [{precision}]"
         computes_in = precision
+    if chosen == "onednn-int8":
+        name += " [int8]"
+        computes_in = "int8"
     overwrites = None
-    if inplace and chosen == "onednn":
+    if inplace and chosen in ("onednn", "onednn-int8"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]
@@ -239,6 +245,8 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         # the library form reads only its leading inputs: the weight's view the reference
         # form reads is then computed by no step (`_drop_unread`)
         fn, ins = fn.form, ins[:fn.k]
+    if isinstance(fn, int8.Int8Group):
+        fn.start_calibration()  # float32 until calibrated (codegen/int8.Calibration)
     return Step(fn, ins, outputs, nodes, kind, name, overwrites, computes_in)
 
 

@@ -88,6 +88,9 @@ class Executor:
         # concurrent stages on the native plan: a schedule.concurrent.Staging the pipeline
         # attaches (schedule="ios"), decided at the first call the plan runs
         self.staging = None
+        # int8 groups still to calibrate: a codegen.int8.Calibration the pipeline attaches
+        # (precision="int8"); until it is done, calls run in Python and calibrate
+        self.calibration = None
 
     def _make_call(self, node, outs):
         opdef, attrs = node.opdef, node.attrs
@@ -147,6 +150,9 @@ class Executor:
                       and t.device != self.device else t for t in inputs]
         if self.check_inputs:
             self._check(inputs)
+        calibration = self.calibration
+        if calibration is not None and not calibration.done:
+            return calibration.call(self._run, inputs)
         if native.pending:
             return native.call(self._run, inputs)
         return self._run(inputs)

@@ -1,0 +1,303 @@
+"""Static int8 quantization of library groups (`precision="int8"`; docs/precision.md).
+
+The policy. Linear layers and convolutions with constant weights (the library groups)
+compute in int8 through oneDNN's `qlinear_pointwise` / `qconv2d_pointwise`:
+- weights: symmetric int8, one scale per output channel (max |w| / 127);
+- activations: asymmetric uint8 over one scale and zero point per tensor, from the
+  minimum and maximum each group's input reached in calibration (post-training static
+  quantization). On a CPU without VNNI or AMX int8 units the activations use 7 bits (0 to
+  127): oneDNN's AVX2 path adds pairs of u8 x s8 products in 16 bits, which saturates at
+  8-bit activations (the range fbgemm also reduces there);
+- the product accumulates in int32; dequantization, bias, the activation (ReLU, GELU,
+  tanh where oneDNN fuses it) and a residual add are fused into the same primitive, which
+  writes float32. Where every reader of a group's result is itself an int8 group reading
+  it as its activation, the primitive requantizes into those readers' uint8 scale instead
+  (fused requantization), and the readers quantize nothing.
+Everything else (norms, softmax, attention, pointwise kernels, products of two run-time
+operands) stays float32, and graph inputs and outputs are float32.
+
+Calibration. A group chosen int8 computes its float32 form while it calibrates, keeping
+its input's range; `finish` then fixes the scales and switches it to int8. The pipeline
+attaches a `Calibration` to each executor with such groups: `calibrating(executors)` runs
+calls as calibration (what `opweave.compile(..., calibration=[...])` does with the
+batches given), and a graph called before any calibration calibrates on its first call.
+The measured choice between the int8 and the float32 form is made at compile time with
+provisional scales (the time does not depend on them), as every library choice is.
+"""
+from __future__ import annotations
+
+import ctypes
+import warnings
+from contextlib import contextmanager
+from functools import lru_cache
+from typing import Callable
+
+import torch
+
+from . import build
+from .precision import _cpuinfo
+
+QUANTIZED_OPS = frozenset({"matmul", "conv"})
+# unary epilogues oneDNN fuses into an int8 product, per anchor op
+FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh"}), "conv": frozenset({"relu"})}
+_PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before calibration
+
+
+def applies(precision: str, op: str) -> bool:
+    """Whether a library group anchored on `op` may compute in int8 under `precision`."""
+    return precision == "int8" and op in QUANTIZED_OPS
+
+
+def has_int8_units(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU multiplies u8 x s8 into 32 bits (VNNI or AMX) without saturating."""
+    flags = _flags(_cpuinfo() if cpuinfo is None else cpuinfo)
+    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+@lru_cache(maxsize=1)
+def activation_qmax() -> int:
+    """The largest uint8 code activations use here: 255, or 127 without int8 units."""
+    return 255 if has_int8_units() else 127
+
+
+def units(cpuinfo: str | None = None) -> str:
+    """The CPU's int8 units, as `explain` and the bench report them."""
+    flags = _flags(_cpuinfo() if cpuinfo is None else cpuinfo)
+    if "amx_int8" in flags:
+        return "AMX int8 tiles"
+    if flags & {"avx512_vnni", "avx_vnni"}:
+        return "VNNI int8 dot products (no AMX)"
+    return "no int8 dot-product units: 7-bit activations, slower than VNNI"
+
+
+def _flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[-1].split())
+    return set()
+
+
+def activation_qparams(low: float, high: float, qmax: int) -> tuple[float, int]:
+    """(scale, zero point) mapping [low, high] (widened to hold 0, so zero is exact) onto
+    the uint8 range [0, qmax]."""
+    if not (_finite(low) and _finite(high)):
+        raise ValueError(f"calibration saw a non-finite value (range {low}..{high})")
+    low, high = min(low, 0.0), max(high, 0.0)
+    if high == low:  # only zeros seen
+        return 1.0, 0
+    scale = (high - low) / qmax
+    zero_point = int(min(qmax, max(0, round(-low / scale))))
+    return scale, zero_point
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def weight_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 scale per output channel: axis 0), symmetric."""
+    w = weight.detach().float()
+    amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    q = torch.round(w / scale.reshape(shape)).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+# -- quantizing activations ----------------------------------------------------------------
+
+_QUANTIZE = r"""
+// uint8 codes of float32 values: rint(x / scale) + zero point, clamped to [0, qmax].
+// p: {1 / scale, zero point, element count, qmax} (doubles: one constant tensor).
+extern "C" void ow_quantize_u8(void** argv) {
+  uint8_t* out = (uint8_t*)argv[0];
+  const float* in = (const float*)argv[1];
+  const double* p = (const double*)argv[2];
+  const float inv = (float)p[0], zp = (float)p[1], qmax = (float)p[3];
+  const int64_t n = (int64_t)p[2];
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::rint(in[i] * inv) + zp;
+    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    out[i] = (uint8_t)(int32_t)v;
+  }
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def _quantize_kernel():
+    """The C++ quantizer (built once per machine, cached like every kernel), or None
+    where no compiler builds it (then torch ops quantize, about 5x slower)."""
+    try:
+        lib = build.load(_QUANTIZE)
+    except build.BuildError as err:
+        warnings.warn(f"opweave: the int8 quantizer could not be built ({err}); torch ops "
+                      "quantize activations instead (slower)", RuntimeWarning, stacklevel=2)
+        return None
+    lib.ow_set_threads(torch.get_num_threads())
+    fn = lib.ow_quantize_u8
+    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+    fn.restype = None
+    return fn
+
+
+class Quantizer:
+    """float32 -> uint8 codes at one scale and zero point. A call is one C++ kernel that
+    the native plan records and replays like a generated one (`CppKernel`'s protocol)."""
+
+    _argv = ctypes.c_void_p * 3
+
+    def __init__(self, scale: float, zero_point: int):
+        self.scale, self.zero_point, self.qmax = scale, zero_point, activation_qmax()
+        self._params: dict[int, torch.Tensor] = {}  # element count -> the kernel's constants
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.uint8:  # requantized by the group that made it
+            return x
+        fn = _quantize_kernel()
+        if fn is None or not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
+            return torch.clamp(torch.round(x * (1.0 / self.scale)) + self.zero_point,
+                               0, self.qmax).to(torch.uint8)
+        from .lower import CppKernel  # the native plan's recorder listens there
+
+        out = torch.empty_like(x, dtype=torch.uint8)
+        params = self._params.get(x.numel())
+        if params is None:
+            params = torch.tensor([1.0 / self.scale, self.zero_point, x.numel(), self.qmax],
+                                  dtype=torch.float64)
+            self._params[x.numel()] = params
+        if CppKernel.recording is not None:
+            CppKernel.recording(ctypes.cast(fn, ctypes.c_void_p).value, [out, x, params])
+        fn(self._argv(out.data_ptr(), x.data_ptr(), params.data_ptr()))
+        return out
+
+
+# -- the int8 group ------------------------------------------------------------------------
+
+class Int8Group:
+    """A library group computed in int8. `build(scale, zero_point, out)` returns its int8
+    function for an input quantized at (scale, zero point), writing float32, or uint8 at
+    `out` = (scale, zero point) when given; `fp32` is its float32 form, run while it
+    calibrates. States: "measuring" (provisional scales, for timing), "calibrating" (float32,
+    keeping the input's range), "ready" (int8)."""
+
+    def __init__(self, build: Callable, fp32: Callable, requantizes: bool):
+        self.build, self.fp32 = build, fp32
+        self.requantizes = requantizes  # whether `build` may write uint8 (no residual add)
+        self.state = "measuring"
+        self.low = self.high = None
+        self.qparams: tuple[float, int] | None = None
+        self.requantize: tuple[float, int] | None = None  # its readers' input qparams
+        self.readers: list[Int8Group] = []  # set by `link_requantization`
+        self._run = build(*_PROVISIONAL, None)
+
+    def start_calibration(self) -> None:
+        self.state = "calibrating"
+        self._run = None
+
+    def observe(self, x: torch.Tensor) -> None:
+        low, high = torch.aminmax(x.detach())
+        low, high = float(low), float(high)
+        self.low = low if self.low is None else min(self.low, low)
+        self.high = high if self.high is None else max(self.high, high)
+
+    def fix_scales(self) -> None:
+        if self.low is None:
+            raise RuntimeError("an int8 group was never reached in calibration")
+        self.qparams = activation_qparams(self.low, self.high, activation_qmax())
+
+    def finish(self) -> None:
+        """Build the int8 function (after every group of the graph fixed its scales)."""
+        readers = {r.qparams for r in self.readers}
+        self.requantize = readers.pop() if len(readers) == 1 and self.readers else None
+        self._run = self.build(*self.qparams, self.requantize)
+        self.fp32 = None
+        self.state = "ready"
+
+    def __call__(self, x, *rest):
+        if self.state == "calibrating":
+            self.observe(x)
+            return self.fp32(x, *rest)
+        return self._run(x, *rest)
+
+
+class Calibration:
+    """The int8 groups of one executor, and whether they are calibrated. The executor
+    hands a call here while they are not (`Executor.__call__`)."""
+
+    def __init__(self, groups: list[Int8Group]):
+        self.groups = groups
+        self.collecting = False  # inside `calibrating`: calls only observe
+        self.done = False
+
+    def call(self, run: Callable, inputs):
+        """A call before calibration finished: observed; outside `calibrating` (the first
+        call, nothing given to calibrate on), calibration finishes on it and the call runs
+        again in int8, so every call's results come from the int8 graph."""
+        outputs = run(inputs)
+        if self.collecting:
+            return outputs
+        self.finish()
+        return run(inputs)
+
+    def finish(self) -> None:
+        if self.done:
+            return
+        for g in self.groups:
+            g.fix_scales()
+        for g in self.groups:
+            g.finish()
+        self.done = True
+
+
+@contextmanager
+def calibrating(executors):
+    """Calls made meanwhile calibrate the int8 groups of `executors` (each with a
+    `calibration`, or None); on leaving, their scales are fixed and they compute in int8."""
+    found = [e.calibration for e in executors if getattr(e, "calibration", None) is not None]
+    found = [c for c in found if not c.done]
+    for c in found:
+        c.collecting = True
+    try:
+        yield
+    finally:
+        for c in found:
+            c.collecting = False
+    for c in found:
+        c.finish()
+
+
+def link_requantization(steps, graph_outputs) -> int:
+    """Let an int8 group without a residual add write uint8 codes where every step that
+    reads its result is an int8 group reading it as its activation (first input), directly
+    or through single view ops; they then quantize nothing. Graph outputs stay float32.
+    Returns the number of groups linked."""
+    readers: dict = {}
+    for step in steps:
+        for i, v in enumerate(step.inputs):
+            readers.setdefault(v, []).append((step, i))
+
+    def int8_readers(v, found) -> bool:
+        uses = readers.get(v)
+        if not uses or v in outputs:
+            return False
+        for r, i in uses:
+            if isinstance(r.fn, Int8Group) and i == 0:
+                found.append(r.fn)
+                continue
+            is_view = r.kind == "op" and len(r.nodes) == 1 and r.nodes[0].opdef.is_view
+            if not (is_view and all(int8_readers(o, found) for o in r.outputs)):
+                return False
+        return True
+
+    outputs = set(graph_outputs)
+    linked = 0
+    for step in steps:
+        if not isinstance(step.fn, Int8Group) or not step.fn.requantizes or len(step.outputs) != 1:
+            continue
+        found: list[Int8Group] = []
+        if int8_readers(step.outputs[0], found):
+            step.fn.readers = found
+            linked += 1
+    return linked
