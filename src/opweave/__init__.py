@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
             loss_every=1, example_kwargs=None, options=None, memory_budget=None,
-            precision=None, dynamic_shapes=None, device=None, schedule=None):
+            precision=None, dynamic_shapes=None, device=None, schedule=None, calibration=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`, or, with
     `train=True`, compile a training step: `model(*inputs)` returns a scalar loss, and
@@ -28,9 +28,13 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     unconstrained peak (a float in (0, 1]); activations are recomputed to meet it
     (Checkmate); a budget no schedule meets raises MemoryBudgetError with the smallest
     one found. `explain` and the "remat" report say the peak achieved.
-    `precision`: None (as in `options`), "fp32", or "bf16": matrix products, convolutions
+    `precision`: None (as in `options`), "fp32", "bf16": matrix products, convolutions
     and attention on bfloat16 operands with float32 accumulation, everything else in
-    float32 (inference only; see docs/precision.md).
+    float32, or "int8": linear layers and convolutions in int8 (post-training static
+    quantization, everything else float32; inference only; see docs/precision.md).
+    `calibration`: with "int8", the batches (each a tuple of positional arguments, a dict
+    of keyword arguments, or a tensor) whose activation ranges fix the int8 scales; by
+    default the example inputs.
     `dynamic_shapes`: torch.export's `dynamic_shapes` (`{axis: torch.export.Dim(...)}`
     per input): those dims are captured as symbols and one compile serves every size in
     their ranges, with a plan built per size on first use (see docs/dynamic.md); a call
@@ -61,7 +65,8 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     return _compile(model, example_inputs, name=name, rewrite=rewrite, fusion=fusion,
                     train=train, loss_every=loss_every, example_kwargs=example_kwargs,
                     options=options, memory_budget=memory_budget, precision=precision,
-                    dynamic_shapes=dynamic_shapes, device=device, schedule=schedule)
+                    dynamic_shapes=dynamic_shapes, device=device, schedule=schedule,
+                    calibration=calibration)
 
 
 def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None, train=False,
@@ -83,13 +88,16 @@ def explain(model, example_inputs, *, name=None, graph_breaks=True, rewrite=None
 
 
 def from_onnx(source, *, name=None, rewrite=None, fusion=None, options=None, precision=None,
-              schedule=None):
+              schedule=None, calibration=None):
     """Load an ONNX model (path, bytes or ModelProto) as a callable over numpy/torch arrays;
-    `precision` and `schedule` as in `compile`."""
+    `precision` and `schedule` as in `compile`. `calibration`: with precision "int8", the
+    batches (each a list of arrays in input order, or a dict by input name) whose
+    activation ranges fix the int8 scales; without them, the first call at each shape
+    calibrates."""
     from .onnx import from_onnx as _from_onnx
 
     return _from_onnx(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
-                      precision=precision, schedule=schedule)
+                      precision=precision, schedule=schedule, calibration=calibration)
 
 
 def profile(compiled, inputs, *, runs=10, warmup=2, name=None):

@@ -157,16 +157,23 @@ def _costed_graphs(compiled, program) -> list:
 
 
 def _precision(program, precision) -> str:
-    """How many product/convolution/attention steps compute in bf16 (a group whose float32
-    form measured faster keeps it), and the CPU's bf16 units."""
+    """How many steps compute in the lower precision (a group whose float32 form measured
+    faster keeps it), and the CPU's units for it."""
+    from .codegen import int8
     from .codegen.precision import tally, units
 
     if precision in (None, "fp32"):
         return ""
-    counts = [tally(g.executor.lowered_steps or []) for g in program.compiled_graphs]
-    return (f"{precision}: {sum(c[0] for c in counts)} of {sum(c[1] for c in counts)} "
-            f"product/convolution/attention steps in bf16 (the rest measured faster in "
-            f"float32); this CPU: {units()}")
+    steps = [s for g in program.compiled_graphs for s in g.executor.lowered_steps or []]
+    low, eligible = tally(steps, precision)
+    if precision == "int8":
+        requantizing = sum(getattr(s.fn, "requantize", None) is not None for s in steps)
+        return (f"int8: {low} of {eligible} linear/convolution steps in int8, {requantizing} "
+                f"of them writing uint8 for the next (the rest measured faster in float32, "
+                f"or end in an activation oneDNN does not fuse in int8); this CPU: "
+                f"{int8.units()}")
+    return (f"{precision}: {low} of {eligible} product/convolution/attention steps in bf16 "
+            f"(the rest measured faster in float32); this CPU: {units()}")
 
 
 def _program(compiled):

@@ -122,11 +122,13 @@ def _program_notes(programs) -> list[str]:
         library, cpp, op = (sum(c.get(k, 0) for c in counts) for k in ("library", "cpp", "op"))
         notes.append(f"{method} fusion: {library} library + {cpp} generated kernels, "
                      f"{op} single ops")
-    counts = [tally(low.steps) for low in lowered]
-    in_bf16 = sum(c[0] for c in counts)
+    steps = [s for low in lowered for s in low.steps]
+    in_bf16, eligible = tally(steps, "bf16")
     if in_bf16:
-        notes.append(f"{in_bf16} of {sum(c[1] for c in counts)} product/convolution/attention "
-                     "steps in bf16")
+        notes.append(f"{in_bf16} of {eligible} product/convolution/attention steps in bf16")
+    in_int8, eligible = tally(steps, "int8")
+    if in_int8:
+        notes.append(f"{in_int8} of {eligible} linear/convolution steps in int8")
     return notes
 
 

@@ -18,9 +18,10 @@ operands) stays float32, and graph inputs and outputs are float32.
 
 Calibration. A group chosen int8 computes its float32 form while it calibrates, keeping
 its input's range; `finish` then fixes the scales and switches it to int8. The pipeline
-attaches a `Calibration` to each executor with such groups: `calibrating(executors)` runs
-calls as calibration (what `opweave.compile(..., calibration=[...])` does with the
-batches given), and a graph called before any calibration calibrates on its first call.
+attaches a `Calibration` to each executor with such groups. Calls made inside
+`calibrating()` calibrate (what `opweave.compile(..., calibration=[...])` does with the
+batches given, or with the example inputs), and a graph called before any calibration
+(a plan built for new sizes, a torch.compile graph) calibrates on its first call.
 The measured choice between the int8 and the float32 form is made at compile time with
 provisional scales (the time does not depend on them), as every library choice is.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 import ctypes
 import warnings
 from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import lru_cache
 from typing import Callable
 
@@ -228,15 +230,16 @@ class Calibration:
 
     def __init__(self, groups: list[Int8Group]):
         self.groups = groups
-        self.collecting = False  # inside `calibrating`: calls only observe
         self.done = False
 
     def call(self, run: Callable, inputs):
-        """A call before calibration finished: observed; outside `calibrating` (the first
-        call, nothing given to calibrate on), calibration finishes on it and the call runs
-        again in int8, so every call's results come from the int8 graph."""
+        """A call before calibration finished: observed. Inside `calibrating`, that is all;
+        outside (nothing was given to calibrate on), calibration finishes on this call and
+        it runs again in int8, so every call's results come from the int8 graph."""
         outputs = run(inputs)
-        if self.collecting:
+        session = _session.get()
+        if session is not None:
+            session[id(self)] = self
             return outputs
         self.finish()
         return run(inputs)
@@ -251,21 +254,22 @@ class Calibration:
         self.done = True
 
 
+_session: ContextVar[dict | None] = ContextVar("opweave_int8_calibration", default=None)
+
+
 @contextmanager
-def calibrating(executors):
-    """Calls made meanwhile calibrate the int8 groups of `executors` (each with a
-    `calibration`, or None); on leaving, their scales are fixed and they compute in int8."""
-    found = [e.calibration for e in executors if getattr(e, "calibration", None) is not None]
-    found = [c for c in found if not c.done]
-    for c in found:
-        c.collecting = True
+def calibrating():
+    """Calls made meanwhile (in this thread) calibrate the int8 groups they reach, also
+    those of plans built during them; leaving without an error fixes their scales, and
+    they compute in int8 from then on."""
+    session: dict = {}
+    token = _session.set(session)
     try:
         yield
     finally:
-        for c in found:
-            c.collecting = False
-    for c in found:
-        c.finish()
+        _session.reset(token)
+    for calibration in session.values():
+        calibration.finish()
 
 
 def link_requantization(steps, graph_outputs) -> int:

@@ -120,8 +120,12 @@ def _cpuinfo() -> str:
         return ""
 
 
-def tally(steps) -> tuple[int, int]:
-    """(steps computing in bf16, steps computing a product, convolution or attention): what
-    `explain` and the bench say of a compiled graph's precision."""
-    eligible = [s for s in steps if any(n.op in LOWERED_OPS for n in s.nodes)]
-    return sum(s.precision == "bf16" for s in eligible), len(eligible)
+def tally(steps, precision: str = "bf16") -> tuple[int, int]:
+    """(steps computing in `precision`, steps that could: products, convolutions and
+    attention for bf16; linear layers and convolutions for int8): what `explain` and the
+    bench say of a compiled graph's precision."""
+    from .int8 import QUANTIZED_OPS
+
+    ops = QUANTIZED_OPS if precision == "int8" else LOWERED_OPS
+    eligible = [s for s in steps if any(n.op in ops for n in s.nodes)]
+    return sum(s.precision == precision for s in eligible), len(eligible)

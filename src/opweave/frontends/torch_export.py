@@ -37,8 +37,10 @@ import torch.fx as fx
 import torch.utils._pytree as pytree
 from torch._dynamo.exc import UserError, UserErrorType
 
+from ..codegen import int8
 from ..ir.symbols import SymbolError
 from ..options import Options
+from ..runtime.executor import InputError
 from . import caches
 from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, is_flat,
                       tensor_leaves, tensor_types)
@@ -74,8 +76,10 @@ class CompiledModel:
     """A model compiled by opweave; call it like the original module."""
 
     def __init__(self, model: torch.nn.Module, example_args: Sequence, example_kwargs=None, *,
-                 name: str, options: Options | None = None, dynamic_shapes=None):
+                 name: str, options: Options | None = None, dynamic_shapes=None,
+                 calibration=None):
         self.model = model
+        self._calibration = calibration_calls(calibration)
         self.dynamic_shapes = dynamic_shapes
         self.name = name
         self._options = Options.resolve(options)
@@ -198,6 +202,8 @@ class CompiledModel:
         entry = _compile(self.model, args, kwargs, self.name, stacklevel=stacklevel + 1,
                          options=self._options, dynamic_shapes=dynamic_shapes, strict=first)
         entry.spelling = self._binder.spelling(args, kwargs)
+        if entry.program is not None and self._options.precision == "int8":
+            self._calibrate(entry, key, args, kwargs, strict=first)
         self._cache[key] = entry
         self._cache.move_to_end(key)
         if len(self._cache) > MAX_SPECIALIZATIONS:
@@ -207,10 +213,57 @@ class CompiledModel:
                             f"one costs a compile", OpweaveFallbackWarning)
         return entry
 
+    def _calibrate(self, entry: _Specialization, key, args: tuple, kwargs: dict,
+                   strict: bool) -> None:
+        """Calibrate a new int8 program (codegen/int8.py) on the calibration batches that are
+        calls like this one (on the first compile every batch must be), else on this call."""
+        calls = []
+        for i, (batch_args, batch_kwargs) in enumerate(self._calibration):
+            canonical = self._binder.canonical(batch_args, batch_kwargs)
+            tensors = entry.spelling.tensors(canonical) if _key(canonical)[0] == key else None
+            problem = "" if tensors is not None else \
+                "another argument structure or other non-tensor values than the example"
+            if tensors is not None and entry.dynamic is None:
+                try:
+                    check_tensor_types(self.name, entry.types, tensors)
+                except InputError as err:
+                    problem = str(err)
+            if not problem:
+                calls.append(tensors)
+            elif strict:
+                raise ValueError(f"calibration batch {i} of {self.name} is not a call like the "
+                                 f"example: {problem}")
+        if not calls:
+            calls = [entry.spelling.tensors(self._binder.canonical(args, kwargs))]
+        with torch.no_grad(), int8.calibrating():
+            for tensors in calls:
+                entry.program(*tensors)
+
     def _warn_once(self, message: str, category) -> None:
         if message not in self._warned:
             self._warned.add(message)
             warnings.warn(message, category, stacklevel=3)
+
+
+def calibration_calls(batches) -> list[tuple[tuple, dict]]:
+    """`calibration=` as (args, kwargs) calls: each batch a tuple or list of positional
+    arguments, a dict of keyword arguments, or one tensor."""
+    if batches is None:
+        return []
+    calls = []
+    for i, batch in enumerate(batches):
+        if isinstance(batch, torch.Tensor):
+            calls.append(((batch,), {}))
+        elif isinstance(batch, dict):
+            calls.append(((), dict(batch)))
+        elif isinstance(batch, (tuple, list)):
+            calls.append((tuple(batch), {}))
+        else:
+            raise TypeError(f"calibration batch {i} is a {type(batch).__name__}; give a tuple "
+                            "of positional arguments, a dict of keyword arguments or a tensor")
+    if not calls:
+        raise ValueError("calibration= holds no batch; give at least one")
+    return calls
 
 
 def _key(canonical: dict) -> tuple:
@@ -385,11 +438,13 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
             rewrite=None, fusion=None, train: bool = False, loss_every: int | None = 1,
             example_kwargs: dict | None = None, options: Options | None = None,
             memory_budget: int | float | None = None, precision: str | None = None,
-            dynamic_shapes=None, device: str | None = None, schedule: str | None = None):
+            dynamic_shapes=None, device: str | None = None, schedule: str | None = None,
+            calibration=None):
     """Compile `model` for inference on calls like `model(*example_inputs,
     **example_kwargs)`. `options`: an `opweave.Options` (default: from the environment);
     `rewrite`, `fusion`, `memory_budget`, `precision`, `device` and `schedule` override its
-    fields.
+    fields. `calibration`: with precision "int8", the batches whose activation ranges fix
+    the int8 scales (default: the example inputs).
     `dynamic_shapes`: as torch.export's, the input dims (`torch.export.Dim`) one program
     serves at every size. With `train=True`, `model(*inputs)` must return a scalar loss;
     see `training`."""
@@ -400,6 +455,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
     options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
                               memory_budget=memory_budget, precision=precision, device=device,
                               schedule=schedule)
+    if calibration is not None and options.precision != "int8":
+        raise ValueError(f"calibration= applies to precision='int8'; this compile's precision "
+                         f"is {options.precision!r}")
     if train:
         from .training import TrainingModel
 
@@ -411,4 +469,4 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
         return TrainingModel(model, example_inputs, name=name, options=options,
                              loss_every=loss_every)
     return CompiledModel(model, tuple(example_inputs), example_kwargs, name=name,
-                         options=options, dynamic_shapes=dynamic_shapes)
+                         options=options, dynamic_shapes=dynamic_shapes, calibration=calibration)

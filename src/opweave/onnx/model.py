@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import onnx
 import torch
 
+from ..codegen import int8
 from ..ir.graph import Graph
 from ..ir.types import TensorType
 from ..options import Options
@@ -58,9 +59,12 @@ class OnnxModel:
 
     def __init__(self, source, name: str | None = None, rewrite=None, fusion=None,
                  options: Options | None = None, precision: str | None = None,
-                 schedule: str | None = None):
+                 schedule: str | None = None, calibration=None):
         self.options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
                                        precision=precision, schedule=schedule)
+        if calibration is not None and self.options.precision != "int8":
+            raise ValueError(f"calibration= applies to precision='int8'; this model's precision "
+                             f"is {self.options.precision!r}")
         self.model: onnx.ModelProto = load_model(source, label=name)
         self.label = name or (os.path.basename(str(source)) if isinstance(source, (str, os.PathLike))
                               else self.model.graph.name or "onnx")
@@ -74,6 +78,22 @@ class OnnxModel:
         self.lowerings = 0  # ONNX graph -> IR lowerings so far (one for a symbolic model)
         self._symbolic: SymbolicGraph | bool | None = None  # None: not tried yet
         self._symbolic_failure = ""  # why not, said once the per-shape lowering works
+        if calibration is not None:
+            self.calibrate(calibration)
+
+    def calibrate(self, batches) -> None:
+        """Fix the int8 scales (precision "int8", codegen/int8.py) from these batches' ranges:
+        each a list of arrays in input order or a dict by input name. Plans of the shapes
+        they have are calibrated on them; a plan of other shapes on its first call."""
+        batches = list(batches)
+        if not batches:
+            raise ValueError(f"{self.label}: calibration= holds no batch; give at least one")
+        with torch.no_grad(), int8.calibrating():
+            for batch in batches:
+                if isinstance(batch, dict):
+                    self(**batch)
+                else:
+                    self(*batch)
 
     # -- shapes --------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
@@ -262,8 +282,9 @@ def symbolic_input_types(inputs: list[DeclaredInput]) -> dict[str, TensorType] |
 
 def from_onnx(source, name: str | None = None, rewrite=None, fusion=None,
               options: Options | None = None, precision: str | None = None,
-              schedule: str | None = None) -> OnnxModel:
+              schedule: str | None = None, calibration=None) -> OnnxModel:
     """Load an ONNX model (path, bytes or ModelProto) as an opweave callable; `options`,
-    `rewrite`, `fusion`, `precision` and `schedule` as in `opweave.compile`."""
+    `rewrite`, `fusion`, `precision` and `schedule` as in `opweave.compile`; `calibration`
+    as in `OnnxModel.calibrate`."""
     return OnnxModel(source, name=name, rewrite=rewrite, fusion=fusion, options=options,
-                     precision=precision, schedule=schedule)
+                     precision=precision, schedule=schedule, calibration=calibration)

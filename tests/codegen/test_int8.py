@@ -1,0 +1,345 @@
+"""precision="int8": post-training static quantization of library groups (codegen/int8.py).
+
+Each int8 form is checked against its simulation in float64 (activations and weights
+quantized and dequantized with the same scales, then the float computation): oneDNN's
+int8 result may differ from it only by float32 rounding, so a wrong scale, zero point,
+layout or epilogue fails. Whole models are checked against float64 within int8's error.
+"""
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import opweave
+from opweave.codegen import int8, library
+from opweave.options import Options
+
+pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
+
+INT8_REL_L2 = 5e-2  # per-tensor 8-bit activations, per-channel weights; fp32 is below 1e-5
+FP32_REL_L2 = 1e-5
+
+
+def _options(**kw) -> Options:
+    # measure=False takes the precision's library form, whichever is faster on this machine
+    return Options(measure=False, deterministic=True, precision="int8", native="off", **kw)
+
+
+def _rel_l2(got, reference) -> float:
+    return float((got.double() - reference.double()).norm() / reference.double().norm())
+
+
+def _reference(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """The model in float64 (a copy: the model itself stays float32)."""
+    with torch.no_grad():
+        return copy.deepcopy(model).double()(x.double())
+
+
+def _steps(compiled):
+    return [s for g in compiled.program.compiled_graphs for s in g.executor.lowered_steps]
+
+
+def _fake_quant(x: torch.Tensor, qparams) -> torch.Tensor:
+    scale, zp = qparams
+    q = torch.clamp(torch.round(x.double() / scale) + zp, 0, int8.activation_qmax())
+    return (q - zp) * scale
+
+
+def _fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
+    q, scale = int8.weight_qparams(w)
+    return q.double() * scale.double().reshape((-1,) + (1,) * (w.dim() - 1))
+
+
+# -- quantization parameters ---------------------------------------------------------------
+
+def test_activation_ranges_map_onto_uint8_with_zero_exact():
+    scale, zp = int8.activation_qparams(-1.0, 3.0, 255)
+    assert scale == pytest.approx(4.0 / 255) and zp == 64
+    assert int8.activation_qparams(0.5, 2.0, 255) == (pytest.approx(2.0 / 255), 0)  # holds 0
+    assert int8.activation_qparams(-2.0, -1.0, 127) == (pytest.approx(2.0 / 127), 127)
+    assert int8.activation_qparams(0.0, 0.0, 255) == (1.0, 0)
+    with pytest.raises(ValueError, match="non-finite"):
+        int8.activation_qparams(float("-inf"), 1.0, 255)
+
+
+def test_weights_are_quantized_per_output_channel():
+    w = torch.randn(6, 4, 3, 3) * torch.arange(1, 7).reshape(6, 1, 1, 1)
+    w[2] = 0.0
+    q, scale = int8.weight_qparams(w)
+    assert q.dtype == torch.int8 and scale.shape == (6,)
+    assert scale[2] == 1.0 and not q[2].any()
+    err = (_fake_quant_weight(w) - w.double()).abs().amax(dim=(1, 2, 3))
+    assert (err <= scale.double() / 2 + 1e-7).all()
+    assert (q.abs().amax(dim=(1, 2, 3))[[0, 1, 3, 4, 5]] == 127).all()
+
+
+@pytest.mark.parametrize("layout", ["rows", "channels_last"])
+def test_the_cpp_quantizer_matches_the_formula(layout):
+    torch.manual_seed(0)
+    x = torch.randn(2, 16, 9, 9) * 3
+    x.view(-1)[:4] = torch.tensor([0.5, 1.5, -0.5, 1e9])  # ties round to even; clamped
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    scale, zp = 0.05, 100
+    got = int8.Quantizer(scale, zp)(x)
+    want = torch.clamp(torch.round(x * (1 / scale)) + zp, 0, int8.activation_qmax()).to(torch.uint8)
+    assert got.dtype == torch.uint8 and got.stride() == x.stride()
+    assert torch.equal(got, want)
+
+
+def test_units_and_the_activation_range_follow_the_cpus_flags():
+    line = "processor\t: 0\nflags\t\t: fpu sse avx2 fma {}\nbugs\t\t: none\n"
+    assert not int8.has_int8_units(line.format(""))
+    assert int8.units(line.format("")).startswith("no int8 dot-product units: 7-bit")
+    assert int8.has_int8_units(line.format("avx512f avx512_vnni"))
+    assert int8.units(line.format("avx512_vnni")).startswith("VNNI")
+    assert int8.units(line.format("amx_int8 amx_tile")) == "AMX int8 tiles"
+    assert int8.activation_qmax() == (255 if int8.has_int8_units() else 127)
+
+
+# -- each int8 form against its float64 simulation -----------------------------------------
+
+def _check_group(model: nn.Module, x: torch.Tensor, simulate, rel: float = 1e-5):
+    """Compile `model` (one int8 group) in int8; its output must match `simulate(xq, model)`
+    (the float64 computation on the dequantized input) to float32 rounding."""
+    model = model.eval()
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options())
+        got = compiled(x)
+        (group,) = [s for s in _steps(compiled) if s.precision == "int8"]
+        want = simulate(_fake_quant(x, group.fn.qparams), model)
+        in_fp32 = model(x)
+    assert got.dtype == torch.float32
+    assert _rel_l2(got, want) < rel, _rel_l2(got, want)
+    assert _rel_l2(got, in_fp32) > 10 * FP32_REL_L2  # int8 did run
+    return group
+
+
+@pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu-tanh", "tanh"])
+def test_a_linear_group_and_its_activation(act):
+    torch.manual_seed(0)
+    fns = {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh,
+           "gelu-tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+    class Lin(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(96, 80)
+
+        def forward(self, x):
+            return fns[act](self.fc(x))
+
+    def simulate(xq, m):
+        w, b = _fake_quant_weight(m.fc.weight), m.fc.bias.double()
+        return fns[act](xq @ w.t() + b)
+    group = _check_group(Lin(), torch.randn(64, 96), simulate)
+    assert group.name.endswith("[int8]")
+
+
+def test_a_linear_group_with_a_residual_add():
+    torch.manual_seed(0)
+
+    class Res(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(64, 64)
+
+        def forward(self, x):
+            return self.fc(x) + x * 2
+
+    def simulate(xq, m):
+        x = simulate.x.double()
+        return xq @ _fake_quant_weight(m.fc.weight).t() + m.fc.bias.double() + 2 * x
+    simulate.x = torch.randn(32, 64)
+    _check_group(Res(), simulate.x, simulate)
+
+
+@pytest.mark.parametrize("kind", ["3x3", "strided-1x1", "depthwise", "1d"])
+def test_a_convolution_group(kind):
+    torch.manual_seed(0)
+    if kind == "1d":
+        conv, x = nn.Conv1d(16, 24, 5, padding=2), torch.randn(1, 16, 40)
+    else:
+        conv = {"3x3": nn.Conv2d(16, 24, 3, padding=1),
+                "strided-1x1": nn.Conv2d(16, 24, 1, stride=2),
+                "depthwise": nn.Conv2d(16, 16, 3, padding=1, groups=16)}[kind]
+        x = torch.randn(1, 16, 14, 14)
+    model = nn.Sequential(conv, nn.ReLU())
+
+    def simulate(xq, m):
+        c = m[0]
+        fn = F.conv1d if kind == "1d" else F.conv2d
+        return F.relu(fn(xq, _fake_quant_weight(c.weight), c.bias.double(), c.stride,
+                         c.padding, c.dilation, c.groups))
+    _check_group(model, x, simulate)
+
+
+@pytest.mark.parametrize("residual_read_later", [False, True])
+def test_a_convolution_with_a_residual_add(residual_read_later):
+    """conv + residual + ReLU sums into the residual in place only where nothing reads
+    the residual afterwards."""
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Conv2d(8, 8, 3, padding=1)
+            self.b = nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            r = torch.tanh(x) * 2
+            y = F.relu(self.b(F.relu(self.a(x))) + r)
+            return y + r if residual_read_later else y
+
+    model = Block().eval()
+    x = torch.randn(1, 8, 12, 12)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options())
+        got, reference = compiled(x), _reference(model, x)
+        again = compiled(x)
+    steps = _steps(compiled)
+    assert sum(s.precision == "int8" for s in steps) == 2
+    into = [s for s in steps if "(into its residual)" in s.name]
+    assert bool(into) != residual_read_later
+    assert _rel_l2(got, reference) < INT8_REL_L2
+    assert torch.equal(got, again)  # the residual was not left changed between calls
+
+
+# -- calibration ---------------------------------------------------------------------------
+
+def _cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+                         nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(16 * 8 * 8, 10)).eval()
+
+
+def test_a_cnn_runs_in_int8_within_its_error_and_requantizes_between_groups():
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options())
+        got, reference = compiled(x), _reference(model, x)
+    steps = [s for s in _steps(compiled) if s.precision == "int8"]
+    assert len(steps) == 3
+    # conv -> conv writes the second's uint8 codes; the graph's output stays float32
+    assert steps[0].fn.requantize == steps[1].fn.qparams
+    assert steps[1].fn.requantize == steps[2].fn.qparams  # through the flattening view
+    assert steps[2].fn.requantize is None and got.dtype == torch.float32
+    assert 10 * FP32_REL_L2 < _rel_l2(got, reference) < INT8_REL_L2
+
+
+def test_calibration_batches_set_the_ranges_and_cover_what_they_saw():
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    batches = [torch.randn(1, 3, 8, 8) * 4 for _ in range(3)]
+    with torch.no_grad():
+        on_example = opweave.compile(model, (x,), options=_options())
+        on_batches = opweave.compile(model, (x,), options=_options(), calibration=batches)
+        first = lambda c: next(s.fn for s in _steps(c) if s.precision == "int8")  # noqa: E731
+        assert first(on_example).qparams == int8.activation_qparams(
+            float(x.min()), float(x.max()), int8.activation_qmax())
+        low = min(float(b.min()) for b in batches)
+        high = max(float(b.max()) for b in batches)
+        assert first(on_batches).qparams == int8.activation_qparams(
+            low, high, int8.activation_qmax())
+        # the round trip: what calibration saw comes back within half a step, unclipped
+        scale = first(on_batches).qparams[0]
+        for b in batches:
+            assert (_fake_quant(b, first(on_batches).qparams) - b.double()).abs().max() \
+                <= scale / 2 + 1e-6
+        # a batch far outside the range is clipped: its error grows past half a step
+        wide = batches[0] * 10
+        assert (_fake_quant(wide, first(on_batches).qparams) - wide.double()).abs().max() \
+            > 10 * scale
+        torch.testing.assert_close(on_batches(x), model(x), rtol=0, atol=0.2)
+
+
+def test_calibration_batches_are_checked():
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    with pytest.raises(ValueError, match="calibration batch 1 of Sequential is not a call like "
+                                         r"the example: .*shape \[2, 3, 8, 8\]"):
+        opweave.compile(model, (x,), options=_options(), calibration=[x, torch.randn(2, 3, 8, 8)])
+    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+        opweave.compile(model, (x,), calibration=[x])
+    with pytest.raises(ValueError, match="holds no batch"):
+        opweave.compile(model, (x,), options=_options(), calibration=[])
+    with pytest.raises(TypeError, match="calibration batch 0 is a str"):
+        opweave.compile(model, (x,), options=_options(), calibration=["x"])
+
+
+def test_without_calibration_the_first_call_calibrates_and_every_call_is_int8(monkeypatch):
+    """torch.compile's graphs calibrate on their first call; it already returns int8
+    results, the same as later calls."""
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="opweave", options={"precision": "int8"})
+    with torch.no_grad():
+        first, second = compiled(x), compiled(x)
+        reference = _reference(model, x)
+    assert torch.equal(first, second)
+    assert 10 * FP32_REL_L2 < _rel_l2(first, reference) < INT8_REL_L2
+
+
+def test_the_native_plan_replays_the_int8_graph():
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    options = Options(measure=False, deterministic=True, precision="int8", native="wait")
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=options)
+        python = compiled(x)
+        for _ in range(3):
+            replayed = compiled(x)
+    (graph,) = compiled.program.compiled_graphs
+    assert graph.executor.native.plan is not None, graph.executor.native.reason
+    assert torch.equal(python, replayed)
+
+
+def test_onnx_models_take_calibration_batches():
+    from ..onnx.helpers import mlp, mlp_reference
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((16, 4)).astype(np.float32)
+    batches = [[rng.standard_normal((16, 4)).astype(np.float32)] for _ in range(3)]
+    model = opweave.from_onnx(mlp().SerializeToString(), options=_options(),
+                              calibration=batches)
+    got = np.asarray(model(x)[0], np.float64)
+    ref = mlp_reference(x.astype(np.float64))
+    assert 10 * FP32_REL_L2 < np.linalg.norm(got - ref) / np.linalg.norm(ref) < INT8_REL_L2
+    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+        opweave.from_onnx(mlp().SerializeToString(), calibration=batches)
+
+
+def test_explain_says_how_many_steps_run_in_int8(monkeypatch):
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")
+    text = str(opweave.explain(_cnn(), (torch.randn(1, 3, 8, 8),), graph_breaks=False,
+                               precision="int8"))
+    assert "precision: int8: 3 of 3 linear/convolution steps in int8, 2 of them writing uint8" \
+        in text
+    assert int8.units() in text
+
+
+def test_int8_choices_are_recorded_apart_and_fusion_off_says_it_stays_float32():
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.legality import Epilogue
+
+    from ..partition.graphs import linear
+
+    g = Graph("lin")
+    x = g.add_input("x", TensorType((4, 8), torch.float32))
+    g.outputs = [linear(g, x, 8, 16, "fc")]
+    anchor = next(n for n in g.nodes if n.op == "matmul")
+    assert library.signature(g, anchor, Epilogue()) != \
+        library.signature(g, anchor, Epilogue(), "int8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = opweave.compile(_cnn(), (torch.randn(1, 3, 8, 8),),
+                                   options=_options(fusion="off"))
+    assert any("computes in float32: int8 runs on fused library groups" in str(w.message)
+               for w in caught)
+    assert not any(s.precision == "int8" for s in compiled.program.compiled_graphs[0]
+                   .executor.lowered_steps or [])
