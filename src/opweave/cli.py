@@ -136,13 +136,13 @@ def _bench(args) -> int:
         return _accuracy(args)
     if args.dynamic:
         return _dynamic(args)
-    if args.precision == "bf16" and args.mode == "train":
-        print("--precision bf16 compares inference backends; training steps compute in float32",
-              file=sys.stderr)
+    if args.precision != "fp32" and args.mode == "train":
+        print(f"--precision {args.precision} compares inference backends; training steps "
+              "compute in float32", file=sys.stderr)
         return 2
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
-                                 else harness.PRECISION_BACKENDS if args.precision == "bf16"
-                                 else harness.DEFAULT_BACKENDS)
+                                 else harness.PRECISION_BACKENDS.get(args.precision)
+                                 or harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
                                  threads=args.threads, small=args.small,
@@ -398,9 +398,10 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget", type=float, default=None, metavar="B",
                    help="the training step under a memory budget: a fraction of the "
                         "unconstrained peak (0 < B <= 1) or bytes (B > 1); implies --train")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default=None,
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default=None,
                    help="inference in this precision (default: fp32, or $OPWEAVE_PRECISION); "
-                        "bf16 says how many steps run in it, on which units")
+                        "bf16 and int8 say how many steps run in it, on which units (int8 "
+                        "calibrates on the example inputs)")
     p.add_argument("--schedule", choices=("sequential", "ios", "critical-path"), default=None,
                    help="run independent steps in concurrent stages and show them: which ran "
                         "together, on how many threads, estimated against measured")
@@ -480,10 +481,11 @@ def _add_bench_parser(sub, models) -> None:
                    help="default: all (inference) or eager, inductor, opweave (training); "
                         "eager is always measured as the reference")
     p.add_argument("--mode", choices=("infer", "train"), default="infer")
-    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="bf16: opweave, Inductor (autocast, freezing) and OpenVINO in bf16 "
-                        "beside their fp32 forms, held to bf16's tolerance (default backends "
-                        "change accordingly)")
+                        "beside their fp32 forms, held to bf16's tolerance; int8: opweave and "
+                        "ONNX Runtime statically quantized, calibrated on the benchmark's "
+                        "inputs, held to int8's (default backends change accordingly)")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--runs", type=int, default=10, help="timed rounds (one call per backend)")
     p.add_argument("--warmup", type=int, default=3)
@@ -511,7 +513,7 @@ def _add_bench_parser(sub, models) -> None:
                         "each --fractions budget, eager, per-block checkpointing and "
                         "Inductor (default models: bert-base at seq 512, vit-b16)")
     p.add_argument("--accuracy", action="store_true",
-                   help="only accuracy: eager fp32 and opweave in fp32 and bf16 against a "
+                   help="only accuracy: eager fp32 and opweave in fp32, bf16 and int8 against a "
                         "float64 reference (max abs and relative L2 of the outputs)")
     p.add_argument("--dynamic", action="store_true",
                    help="only dynamic shapes: one model (default bert-base) at each --batches "

@@ -49,6 +49,26 @@ def test_inference_through_the_harness(tmp_path, monkeypatch):
     assert report.terminal(result).splitlines()[1].startswith("CPU: ")
 
 
+def test_int8_backends_through_the_harness(tmp_path, monkeypatch):
+    """opweave and ONNX Runtime statically quantized, both calibrated on the benchmark's
+    inputs, held to int8's tolerance and labelled so in the report."""
+    monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("OPWEAVE_NATIVE", "off")
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the int8 forms, whichever is faster here
+    config = harness.BenchConfig(models=["xmlcnn"], backends=["opweave-int8", "onnxruntime-int8"],
+                                 runs=2, warmup=1, threads=2, small=True)
+    result = harness.run(config)
+    entries = result.models[0].backends
+    for name in ("opweave-int8", "onnxruntime-int8"):
+        assert entries[name].ok, entries[name].reason
+        assert entries[name].accurate(harness.TOLERANCE["infer"])
+        assert 0 < entries[name].rel_l2_diff <= harness.LOW_PRECISION_REL_L2["int8"]
+    assert "linear/convolution steps in int8" in entries["opweave-int8"].note
+    assert "quantize_static" in entries["onnxruntime-int8"].note
+    text = report.markdown(result)
+    assert "int8 where a backend is named *-int8" in text and "*-int8 backends compute" in text
+
+
 def test_openvino_default_precision_is_labelled():
     pytest.importorskip("openvino")
     with Worker(_spec("openvino-default")) as worker:

@@ -4,7 +4,10 @@ The reference is the same model run by eager PyTorch in float64 (weights and flo
 inputs widened). Against it: eager float32 (float32's own error: the floor any float32
 compiler stands on), opweave in float32, and opweave in each lower precision. Errors are
 over all outputs together: the largest absolute difference, the relative L2 difference
-(||got - ref|| / ||ref||) and the scale of the outputs (max |ref|) to read them against.
+(||got - ref|| / ||ref||) and the scale of the outputs (max |ref|) to read them against;
+and each mode's agreement with eager float32 (cosine similarity of all outputs).
+int8 calibrates on 4 batches other than the one measured (`other_batches`), so the error
+includes what a range fitted to other data costs.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ class Error:
     max_abs: float
     rel_l2: float
     scale: float        # max |reference|
+    cosine: float = 1.0  # with eager float32's outputs
 
 
 def _widen(x):
@@ -48,7 +52,28 @@ def error(got, reference) -> tuple[float, float]:
     return float(diff.abs().max()), float(diff.norm() / ref.norm())
 
 
-def measure(bench: BenchmarkModel, precisions=("fp32", "bf16")) -> list[Error]:
+def cosine(got, reference) -> float:
+    """The cosine similarity of all outputs together."""
+    got = torch.cat([g.flatten() for g in _outputs(got)])
+    reference = torch.cat([r.flatten() for r in _outputs(reference)])
+    return float(torch.nn.functional.cosine_similarity(got, reference, dim=0))
+
+
+def other_batches(bench: BenchmarkModel, count: int = 4) -> list[tuple]:
+    """Batches like the benchmark's: each dense floating input drawn anew with its mean and
+    standard deviation (fixed seeds); integer and sparse inputs (token ids, masks, a
+    graph's adjacency) as they are."""
+    generator = torch.Generator().manual_seed(7)
+
+    def like(x):
+        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.layout == torch.strided):
+            return x
+        noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
+        return noise * x.std() + x.mean() if x.numel() > 1 else x.clone()
+    return [tuple(like(x) for x in bench.inputs) for _ in range(count)]
+
+
+def measure(bench: BenchmarkModel, precisions=("fp32", "bf16", "int8")) -> list[Error]:
     """The errors of eager float32 and of opweave in each precision against float64."""
     from ..frontends.torch_export import compile as opweave_compile
 
@@ -58,9 +83,13 @@ def measure(bench: BenchmarkModel, precisions=("fp32", "bf16")) -> list[Error]:
         scale = max(float(r.abs().max()) for r in _outputs(reference))
         runs = {"eager fp32": module(*bench.inputs)}
         for p in precisions:
-            compiled = opweave_compile(module, bench.inputs, name=bench.name, precision=p)
+            calibration = other_batches(bench) if p == "int8" else None
+            compiled = opweave_compile(module, bench.inputs, name=bench.name, precision=p,
+                                       calibration=calibration)
             runs[f"opweave {p}"] = compiled(*bench.inputs)
-    return [Error(bench.name, mode, *error(got, reference), scale) for mode, got in runs.items()]
+    fp32 = runs["eager fp32"]
+    return [Error(bench.name, mode, *error(got, reference), scale, cosine(got, fp32))
+            for mode, got in runs.items()]
 
 
 def measure_models(names, small: bool = False) -> list[Error]:
@@ -68,7 +97,8 @@ def measure_models(names, small: bool = False) -> list[Error]:
 
 
 def table(errors: list[Error]) -> str:
-    header = f"{'model':<12} {'mode':<14} {'max abs':>9} {'rel L2':>9} {'max |ref|':>9}"
-    rows = [f"{e.model:<12} {e.mode:<14} {e.max_abs:>9.2e} {e.rel_l2:>9.2e} {e.scale:>9.3g}"
-            for e in errors]
+    header = (f"{'model':<12} {'mode':<14} {'max abs':>9} {'rel L2':>9} {'max |ref|':>9} "
+              f"{'cos(fp32)':>9}")
+    rows = [f"{e.model:<12} {e.mode:<14} {e.max_abs:>9.2e} {e.rel_l2:>9.2e} {e.scale:>9.3g} "
+            f"{e.cosine:>9.6f}" for e in errors]
     return "\n".join([header, "-" * len(header), *rows])

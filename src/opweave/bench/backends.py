@@ -160,8 +160,10 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
         options = replace(options, native=native)
 
     def compile_(m):
+        calibration = calibration_batches(bench) if precision == "int8" else None
         compiled.append(opweave_compile(m, bench.inputs, name=bench.name, rewrite=rewrite,
-                                        fusion=fusion, options=options))
+                                        fusion=fusion, options=options,
+                                        calibration=calibration))
         return compiled[-1]
 
     prepared, notes = _with_fallback_notes(lambda: _infer_torch(bench, compile_))
@@ -181,6 +183,10 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
 
 def _infer_opweave_bf16(bench, threads):
     return _infer_opweave(bench, threads, precision="bf16")
+
+
+def _infer_opweave_int8(bench, threads):
+    return _infer_opweave(bench, threads, precision="int8")
 
 
 def _infer_opweave_tuned(bench, threads):
@@ -216,6 +222,12 @@ def _infer_opweave_dynamo_bf16(bench, threads):
     return _infer_opweave_dynamo(bench, threads, precision="bf16")
 
 
+def _infer_opweave_dynamo_int8(bench, threads):
+    """torch.compile's graphs calibrate on their first call: the benchmark's inputs, as
+    for the other int8 backends."""
+    return _infer_opweave_dynamo(bench, threads, precision="int8")
+
+
 def _infer_opweave_norewrite(bench, threads):
     return _infer_opweave(bench, threads, rewrite=False)
 
@@ -245,7 +257,10 @@ def export_onnx(module: torch.nn.Module, inputs, path: str) -> None:
     program.save(path)
 
 
-def _infer_onnxruntime(bench, threads):
+def _infer_onnxruntime(bench, threads, int8=False):
+    """ONNX Runtime on the exported model; `int8`: quantized by its post-training static
+    quantizer (QDQ format, per-channel int8 weights, uint8 activations, calibrated on the
+    same batches opweave-int8 calibrates on: `calibration_batches`)."""
     try:
         import onnxruntime as ort
     except ImportError as error:
@@ -262,6 +277,9 @@ def _infer_onnxruntime(bench, threads):
     fused = _ort_transformer_fusions(bench, path)
     if fused:
         note = "; ".join(filter(None, [note, fused]))
+    if int8:
+        _ort_quantize(bench, path)
+        note = "; ".join(filter(None, [note, "quantize_static: QDQ, per-channel"]))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
@@ -280,6 +298,38 @@ def _infer_onnxruntime(bench, threads):
     setup_s = time.perf_counter() - start
     return Prepared(step, [np.asarray(o, dtype=np.float32) for o in first], setup_s,
                     note=note, torch_memory=False)
+
+
+def _ort_quantize(bench: BenchmarkModel, path: str) -> None:
+    """Rewrite `path` in place as ONNX Runtime's statically quantized model."""
+    import onnx
+    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType,
+                                          quantize_static)
+
+    names = [i.name for i in onnx.load(path, load_external_data=False).graph.input]
+
+    class Batches(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{n: x.numpy() for n, x in zip(names, batch)}
+                               for batch in calibration_batches(bench)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    quantized = path + ".int8.onnx"
+    quantize_static(path, quantized, Batches(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    os.replace(quantized, path)
+
+
+def calibration_batches(bench: BenchmarkModel) -> list[tuple[torch.Tensor, ...]]:
+    """What every int8 backend calibrates on: the benchmark's own inputs (the accuracy
+    report, `bench/accuracy.py`, calibrates on other batches)."""
+    return [tuple(bench.inputs)]
+
+
+def _infer_onnxruntime_int8(bench, threads):
+    return _infer_onnxruntime(bench, threads, int8=True)
 
 
 def _ort_feed(session, inputs) -> dict:
@@ -503,6 +553,11 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "opweave-bf16": {INFER: _infer_opweave_bf16, TRAIN: _inference_only("precision bf16")},
     "opweave-dynamo-bf16": {INFER: _infer_opweave_dynamo_bf16,
                             TRAIN: _inference_only("precision bf16")},
+    # int8 by the user's choice (`opweave bench --precision int8`), held to int8's tolerance
+    "onnxruntime-int8": {INFER: _infer_onnxruntime_int8, TRAIN: _inference_only("ONNX Runtime int8")},
+    "opweave-int8": {INFER: _infer_opweave_int8, TRAIN: _inference_only("precision int8")},
+    "opweave-dynamo-int8": {INFER: _infer_opweave_dynamo_int8,
+                            TRAIN: _inference_only("precision int8")},
     # labelled apart: bf16 where the CPU has it, so not an fp32 figure there
     "openvino-default": {INFER: _infer_openvino_default,
                          TRAIN: _inference_only("OpenVINO (default precision)")},

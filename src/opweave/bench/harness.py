@@ -26,12 +26,17 @@ DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tv
                     "opweave")
 TRAIN_BACKENDS = ("eager", "inductor", "opweave")
 TOLERANCE = {INFER: 1e-3, TRAIN: 1e-3}
-# backends that compute in bf16 by the user's choice (`opweave bench --precision bf16`)
-PRECISION_BACKENDS = ("eager", "opweave", "opweave-bf16", "opweave-dynamo-bf16",
-                      "inductor-freezing", "inductor-bf16", "openvino", "openvino-bf16")
-# ... are held to bf16's tolerance instead: the relative L2 error of all outputs against
-# eager's float32 ones (bf16 keeps 8 significant bits: 2^-9 = 0.2% per rounding)
-LOW_PRECISION_REL_L2 = 2e-2
+# backends that compute in bf16 or int8 by the user's choice (`opweave bench --precision`)
+PRECISION_BACKENDS = {
+    "bf16": ("eager", "opweave", "opweave-bf16", "opweave-dynamo-bf16", "inductor-freezing",
+             "inductor-bf16", "openvino", "openvino-bf16"),
+    "int8": ("eager", "opweave", "opweave-int8", "opweave-dynamo-int8", "onnxruntime",
+             "onnxruntime-int8"),
+}
+# ... are held to their precision's tolerance instead: the relative L2 error of all outputs
+# against eager's float32 ones (bf16 keeps 8 significant bits: 2^-9 = 0.2% per rounding;
+# int8 activations 8 bits over each tensor's whole range)
+LOW_PRECISION_REL_L2 = {"bf16": 2e-2, "int8": 1e-1}
 OK, UNAVAILABLE, ERROR = "ok", "unavailable", "error"
 
 
@@ -79,8 +84,9 @@ class BackendResult:
     def accurate(self, tolerance: float) -> bool:
         """Checked against eager and within `tolerance` of it (absolute), or, for a
         backend that computes in bf16, within `LOW_PRECISION_REL_L2` (relative L2)."""
-        if low_precision(self.backend):
-            return self.rel_l2_diff is not None and self.rel_l2_diff <= LOW_PRECISION_REL_L2
+        low = low_precision(self.backend)
+        if low:
+            return self.rel_l2_diff is not None and self.rel_l2_diff <= LOW_PRECISION_REL_L2[low]
         return self.max_abs_diff is not None and self.max_abs_diff <= tolerance
 
     @property
@@ -136,8 +142,9 @@ class _NoProgress:
         pass
 
 
-def low_precision(backend: str) -> bool:
-    return backend.endswith("-bf16")
+def low_precision(backend: str) -> str | None:
+    """The lower precision a backend computes in ("bf16", "int8"), or None (float32)."""
+    return next((p for p in LOW_PRECISION_REL_L2 if backend.endswith(f"-{p}")), None)
 
 
 def rel_l2_diff(got: Sequence[np.ndarray], expected: Sequence[np.ndarray]) -> float:

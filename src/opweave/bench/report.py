@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+from ..codegen.int8 import units as int8_units
 from ..codegen.precision import units
 from ..files import atomic_write, atomic_write_bytes
 from . import cpu
@@ -113,8 +114,8 @@ def _preamble(result: BenchResult) -> list[str]:
     c, m = result.config, result.machine
     peak = m.get("gemm_peak_flops")
     what = "training step (forward, backward, SGD)" if c.mode == "train" else "inference"
-    precision = ("fp32, bf16 where a backend is named *-bf16"
-                 if any(low_precision(b) for b in _backends(result)) else "fp32")
+    lows = sorted({low_precision(b) for b in _backends(result)} - {None})
+    precision = ", ".join(["fp32"] + [f"{p} where a backend is named *-{p}" for p in lows])
     return [f"{what}, batch {c.batch}, {precision}, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up",
             cpu.line(m.get("cpu_info") or {}),
@@ -126,10 +127,16 @@ def _footnotes(result: BenchResult) -> list[str]:
     notes = ["(Nx) = eager median / backend median: above 1 is faster than eager.",
              f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g} "
              f"(left out of the geometric mean)."]
-    if any(low_precision(b) for b in _backends(result)):
+    lows = {low_precision(b) for b in _backends(result)}
+    if "bf16" in lows:
         notes.append(f"*-bf16 backends compute in bf16: held to a relative L2 difference "
-                     f"from eager of {LOW_PRECISION_REL_L2:g} instead; this CPU's bf16 units: "
-                     f"{units()}.")
+                     f"from eager of {LOW_PRECISION_REL_L2['bf16']:g} instead; this CPU's bf16 "
+                     f"units: {units()}.")
+    if "int8" in lows:
+        notes.append(f"*-int8 backends compute linear layers and convolutions in int8, "
+                     f"calibrated on the benchmark's inputs: held to a relative L2 difference "
+                     f"from eager of {LOW_PRECISION_REL_L2['int8']:g} instead; this CPU's int8 "
+                     f"units: {int8_units()}.")
     for model in result.models:
         if model.notes:
             notes.append(f"{model.model}: {model.notes}")
