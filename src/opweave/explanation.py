@@ -172,6 +172,10 @@ def _precision(program, precision) -> str:
                 f"of them writing uint8 for the next (the rest measured faster in float32, "
                 f"or end in an activation oneDNN does not fuse in int8); this CPU: "
                 f"{int8.units()}")
+    if precision == "int8-dynamic":
+        return (f"int8-dynamic: {low} of {eligible} linear steps in int8, each activation "
+                f"quantized at its own call's range (the rest measured faster in float32); "
+                f"this CPU: {int8.units()}")
     return (f"{precision}: {low} of {eligible} product/convolution/attention steps in bf16 "
             f"(the rest measured faster in float32); this CPU: {units()}")
 

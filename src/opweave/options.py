@@ -40,7 +40,7 @@ FUSION_MODES = ("ilp", "greedy", "off")
 DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
 SCHEDULES = ("sequential", "ios", "critical-path")
-PRECISIONS = ("fp32", "bf16", "int8")
+PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
 # precisions the project plans that are not built, and why (said when one is asked for)
 UNBUILT_PRECISIONS = {
     "bf16x3": "it needs a bf16 GEMM with a float32 result, which torch does not expose on "

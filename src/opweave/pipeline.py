@@ -148,13 +148,14 @@ class PassRun:
             raise RuntimeError(f"device={device!r} was asked for {graph.name}, but torch "
                                f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
                                "'auto'")
-        if precision == "int8" and on_gpu:
-            raise ValueError(f"precision='int8' runs on the CPU (oneDNN's int8 primitives); "
-                             f"int8 on {device} is not built: use device='cpu' or another "
-                             "precision")
+        quantized = precision.startswith("int8")
+        if quantized and on_gpu:
+            raise ValueError(f"precision={precision!r} runs on the CPU (oneDNN's int8 "
+                             f"primitives); int8 on {device} is not built: use device='cpu' or "
+                             "another precision")
         if device == "auto":
             if torch.cuda.is_available() and self.options.memory_budget is None \
-                    and precision != "int8":
+                    and not quantized:
                 return self._placed(graph)
             device = "cpu"
             why = ("no CUDA GPU" if not torch.cuda.is_available() else "a memory budget"
@@ -162,7 +163,7 @@ class PassRun:
             self._record(PassReport("placement", 0.0, size, size,
                                     f"placement: all on the cpu ({why})"), None)
         if self.options.fusion == "off":
-            if precision == "int8":
+            if quantized:
                 warn_once(f"opweave: {graph.name} computes in float32: int8 runs on fused "
                           "library groups, and fusion is off", FusionWarning)
             steps = None  # the executor's own step per op

@@ -343,3 +343,63 @@ def test_int8_choices_are_recorded_apart_and_fusion_off_says_it_stays_float32():
                for w in caught)
     assert not any(s.precision == "int8" for s in compiled.program.compiled_graphs[0]
                    .executor.lowered_steps or [])
+
+
+# -- dynamic quantization of linear layers -------------------------------------------------
+
+def _own_range(x: torch.Tensor):
+    return int8.activation_qparams(float(x.min()), float(x.max()), int8.activation_qmax())
+
+
+def test_the_dynamic_quantizer_takes_each_calls_range():
+    torch.manual_seed(0)
+    quantize = int8.DynamicQuantizer()
+    for x in (torch.randn(33, 70), torch.rand(33, 70) * 9 + 1, -torch.rand(8, 5)):
+        codes, scale, zero_point = quantize(x)
+        want_scale, want_zp = _own_range(x)
+        assert float(scale) == pytest.approx(want_scale, rel=1e-6) and int(zero_point) == want_zp
+        want = torch.clamp(torch.round(x * (1 / float(scale))) + want_zp, 0,
+                           int8.activation_qmax()).to(torch.uint8)
+        assert (codes.int() - want.int()).abs().max() <= 1  # x / s vs x * (1 / s)
+        # a strided view takes the torch ops' path: the same codes
+        slow = quantize(x.t().contiguous().t())
+        assert float(slow[1]) == pytest.approx(float(scale), rel=1e-6)
+        assert (slow[0].int() - codes.int()).abs().max() <= 1
+
+
+def test_int8_dynamic_quantizes_linear_layers_at_each_calls_range_also_when_replayed():
+    """The native plan replays the quantizer kernel, which measures every call's range: a
+    call with inputs 10x the recorded one's is quantized at its own scale."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 32)).eval()
+    options = Options(measure=False, deterministic=True, precision="int8-dynamic",
+                      native="wait")
+    x = torch.randn(16, 48)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=options)
+        for _ in range(4):
+            compiled(x)
+        (graph,) = compiled.program.compiled_graphs
+        assert graph.executor.native.plan is not None, graph.executor.native.reason
+        wide = x * 10
+        got = compiled(wide)
+        first = F.gelu(_fake_quant(wide, _own_range(wide)) @
+                       _fake_quant_weight(model[0].weight).t() + model[0].bias.double())
+        want = _fake_quant(first, _own_range(first)) @ \
+            _fake_quant_weight(model[2].weight).t() + model[2].bias.double()
+    assert _rel_l2(got, want) < 1e-4
+    steps = [s.name for s in graph.executor.lowered_steps if s.precision == "int8-dynamic"]
+    assert len(steps) == 2 and all(n.endswith("[int8-dynamic]") for n in steps)
+
+
+def test_int8_dynamic_leaves_convolutions_in_float32(monkeypatch):
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    text = str(opweave.explain(model, (x,), graph_breaks=False, precision="int8-dynamic"))
+    assert "precision: int8-dynamic: 1 of 1 linear steps in int8" in text
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), precision="int8-dynamic")
+        err = _rel_l2(compiled(x), _reference(model, x))
+    assert 10 * FP32_REL_L2 < err < INT8_REL_L2
+    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+        opweave.compile(model, (x,), precision="int8-dynamic", calibration=[x])

@@ -129,6 +129,9 @@ def _program_notes(programs) -> list[str]:
     in_int8, eligible = tally(steps, "int8")
     if in_int8:
         notes.append(f"{in_int8} of {eligible} linear/convolution steps in int8")
+    in_int8, eligible = tally(steps, "int8-dynamic")
+    if in_int8:
+        notes.append(f"{in_int8} of {eligible} linear steps in int8 (dynamic)")
     return notes
 
 
@@ -187,6 +190,10 @@ def _infer_opweave_bf16(bench, threads):
 
 def _infer_opweave_int8(bench, threads):
     return _infer_opweave(bench, threads, precision="int8")
+
+
+def _infer_opweave_dynamic_int8(bench, threads):
+    return _infer_opweave(bench, threads, precision="int8-dynamic")
 
 
 def _infer_opweave_tuned(bench, threads):
@@ -556,6 +563,8 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     # int8 by the user's choice (`opweave bench --precision int8`), held to int8's tolerance
     "onnxruntime-int8": {INFER: _infer_onnxruntime_int8, TRAIN: _inference_only("ONNX Runtime int8")},
     "opweave-int8": {INFER: _infer_opweave_int8, TRAIN: _inference_only("precision int8")},
+    "opweave-dynamic-int8": {INFER: _infer_opweave_dynamic_int8,
+                             TRAIN: _inference_only("precision int8-dynamic")},
     "opweave-dynamo-int8": {INFER: _infer_opweave_dynamo_int8,
                             TRAIN: _inference_only("precision int8")},
     # labelled apart: bf16 where the CPU has it, so not an fp32 figure there

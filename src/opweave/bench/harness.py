@@ -30,8 +30,8 @@ TOLERANCE = {INFER: 1e-3, TRAIN: 1e-3}
 PRECISION_BACKENDS = {
     "bf16": ("eager", "opweave", "opweave-bf16", "opweave-dynamo-bf16", "inductor-freezing",
              "inductor-bf16", "openvino", "openvino-bf16"),
-    "int8": ("eager", "opweave", "opweave-int8", "opweave-dynamo-int8", "onnxruntime",
-             "onnxruntime-int8"),
+    "int8": ("eager", "opweave", "opweave-int8", "opweave-dynamo-int8", "opweave-dynamic-int8",
+             "onnxruntime", "onnxruntime-int8"),
 }
 # ... are held to their precision's tolerance instead: the relative L2 error of all outputs
 # against eager's float32 ones (bf16 keeps 8 significant bits: 2^-9 = 0.2% per rounding;

@@ -40,6 +40,9 @@ from . import build
 from .precision import _cpuinfo
 
 QUANTIZED_OPS = frozenset({"matmul", "conv"})
+# the ops each int8 precision quantizes: "int8-dynamic" only linear layers (as torch's
+# dynamic quantization), their activations' ranges measured on every call
+_OPS_OF = {"int8": QUANTIZED_OPS, "int8-dynamic": frozenset({"matmul"})}
 # unary epilogues oneDNN fuses into an int8 product, per anchor op
 FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh"}), "conv": frozenset({"relu"})}
 _PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before calibration
@@ -47,7 +50,11 @@ _PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before 
 
 def applies(precision: str, op: str) -> bool:
     """Whether a library group anchored on `op` may compute in int8 under `precision`."""
-    return precision == "int8" and op in QUANTIZED_OPS
+    return op in quantized_ops(precision)
+
+
+def quantized_ops(precision: str) -> frozenset[str]:
+    return _OPS_OF.get(precision, frozenset())
 
 
 def has_int8_units(cpuinfo: str | None = None) -> bool:
@@ -124,13 +131,44 @@ extern "C" void ow_quantize_u8(void** argv) {
     out[i] = (uint8_t)(int32_t)v;
   }
 }
+
+// The same at the scale and zero point of this call's own range (dynamic quantization):
+// argv {codes, scale (float, 1), zero point (int64, 1), values, {element count, qmax}}.
+extern "C" void ow_quantize_u8_dynamic(void** argv) {
+  uint8_t* out = (uint8_t*)argv[0];
+  float* scale_out = (float*)argv[1];
+  int64_t* zp_out = (int64_t*)argv[2];
+  const float* in = (const float*)argv[3];
+  const double* p = (const double*)argv[4];
+  const int64_t n = (int64_t)p[0];
+  const float qmax = (float)p[1];
+  float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) reduction(min:lo) reduction(max:hi)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = in[i] < lo ? in[i] : lo;
+    hi = in[i] > hi ? in[i] : hi;
+  }
+  float scale = hi > lo ? (hi - lo) / qmax : 1.0f;
+  float zp = std::rint(-lo / scale);
+  zp = zp < 0.0f ? 0.0f : (zp > qmax ? qmax : zp);
+  scale_out[0] = scale;
+  zp_out[0] = (int64_t)zp;
+  const float inv = 1.0f / scale;
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::rint(in[i] * inv) + zp;
+    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    out[i] = (uint8_t)(int32_t)v;
+  }
+}
 """
 
 
 @lru_cache(maxsize=1)
-def _quantize_kernel():
-    """The C++ quantizer (built once per machine, cached like every kernel), or None
-    where no compiler builds it (then torch ops quantize, about 5x slower)."""
+def _quantizers():
+    """The C++ quantizers {name: function} (built once per machine, cached like every
+    kernel), or None where no compiler builds them (then torch ops quantize, about 5x
+    slower)."""
     try:
         lib = build.load(_QUANTIZE)
     except build.BuildError as err:
@@ -138,17 +176,32 @@ def _quantize_kernel():
                       "quantize activations instead (slower)", RuntimeWarning, stacklevel=2)
         return None
     lib.ow_set_threads(torch.get_num_threads())
-    fn = lib.ow_quantize_u8
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    fn.restype = None
-    return fn
+    found = {}
+    for name in ("ow_quantize_u8", "ow_quantize_u8_dynamic"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = None
+        found[name] = fn
+    return found
+
+
+def _call_kernel(fn, tensors: list[torch.Tensor]) -> None:
+    """Call a quantizer on these tensors' data, telling the native plan's recorder (the
+    protocol of generated kernels, `CppKernel`)."""
+    from .lower import CppKernel
+
+    if CppKernel.recording is not None:
+        CppKernel.recording(ctypes.cast(fn, ctypes.c_void_p).value, tensors)
+    fn((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]))
+
+
+def _dense(x: torch.Tensor) -> bool:
+    return x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
 
 
 class Quantizer:
     """float32 -> uint8 codes at one scale and zero point. A call is one C++ kernel that
-    the native plan records and replays like a generated one (`CppKernel`'s protocol)."""
-
-    _argv = ctypes.c_void_p * 3
+    the native plan records and replays like a generated one."""
 
     def __init__(self, scale: float, zero_point: int):
         self.scale, self.zero_point, self.qmax = scale, zero_point, activation_qmax()
@@ -157,22 +210,46 @@ class Quantizer:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.uint8:  # requantized by the group that made it
             return x
-        fn = _quantize_kernel()
-        if fn is None or not (x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)):
+        kernels = _quantizers()
+        if kernels is None or not _dense(x):
             return torch.clamp(torch.round(x * (1.0 / self.scale)) + self.zero_point,
                                0, self.qmax).to(torch.uint8)
-        from .lower import CppKernel  # the native plan's recorder listens there
-
         out = torch.empty_like(x, dtype=torch.uint8)
         params = self._params.get(x.numel())
         if params is None:
             params = torch.tensor([1.0 / self.scale, self.zero_point, x.numel(), self.qmax],
                                   dtype=torch.float64)
             self._params[x.numel()] = params
-        if CppKernel.recording is not None:
-            CppKernel.recording(ctypes.cast(fn, ctypes.c_void_p).value, [out, x, params])
-        fn(self._argv(out.data_ptr(), x.data_ptr(), params.data_ptr()))
+        _call_kernel(kernels["ow_quantize_u8"], [out, x, params])
         return out
+
+
+class DynamicQuantizer:
+    """float32 -> (uint8 codes, scale, zero point) at the range of each call's own values
+    (dynamic quantization): one C++ kernel, scale and zero point as tensors."""
+
+    def __init__(self):
+        self.qmax = activation_qmax()
+        self._params: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor):
+        kernels = _quantizers()
+        if kernels is None or not _dense(x):
+            low, high = torch.aminmax(x)
+            low, high = low.clamp(max=0.0), high.clamp(min=0.0)
+            scale = torch.where(high > low, (high - low) / self.qmax, torch.ones_like(high))
+            zero_point = torch.round(-low / scale).clamp(0, self.qmax).to(torch.int64)
+            codes = torch.clamp(torch.round(x / scale) + zero_point, 0, self.qmax)
+            return codes.to(torch.uint8), scale, zero_point
+        out = torch.empty_like(x, dtype=torch.uint8)
+        scale = torch.empty((), dtype=torch.float32)
+        zero_point = torch.empty((), dtype=torch.int64)
+        params = self._params.get(x.numel())
+        if params is None:
+            params = torch.tensor([x.numel(), self.qmax], dtype=torch.float64)
+            self._params[x.numel()] = params
+        _call_kernel(kernels["ow_quantize_u8_dynamic"], [out, scale, zero_point, x, params])
+        return out, scale, zero_point
 
 
 # -- the int8 group ------------------------------------------------------------------------

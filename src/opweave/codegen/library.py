@@ -71,8 +71,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer).
     `precision`: "bf16" packs the weight in bfloat16 and computes the group on bfloat16
     operands (codegen/precision.LowPrecisionCall: its result is widened back to float32
-    unless only bf16 steps read it); "int8" adds the int8 form "onednn-int8" where oneDNN
-    fuses the group's epilogue (codegen/int8.py)."""
+    unless only bf16 steps read it); "int8" and "int8-dynamic" add the int8 form
+    "onednn-int8" where oneDNN fuses the group's epilogue (codegen/int8.py)."""
     if not supports():
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
@@ -84,9 +84,12 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
     if int8.applies(precision, anchor.op) and _int8_fuses(anchor, ep):
-        make = _int8_linear if anchor.op == "matmul" else _int8_conv
-        found["onednn-int8"] = int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
-                                              found["onednn"], requantizes=ep.binary is None)
+        if precision == "int8-dynamic":
+            found["onednn-int8"] = _int8_linear_dynamic(graph, anchor, ep, out_shape)
+        else:
+            make = _int8_linear if anchor.op == "matmul" else _int8_conv
+            found["onednn-int8"] = int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
+                                                  found["onednn"], requantizes=ep.binary is None)
     return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
 
 
@@ -217,8 +220,8 @@ def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
     return rank == 2 if anchor.op == "matmul" else rank in (3, 4)
 
 
-def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
-    """The int8 form of a linear group: `build(scale, zero point, out)` (int8.Int8Group)."""
+def _int8_linear_parts(graph, anchor, ep):
+    """(rows, columns, packed int8 weight, its scales, zero points, bias) of a linear group."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     w = constant_of(graph, anchor.inputs[1])
@@ -227,11 +230,16 @@ def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
     packed = shared_constants.derived(
         "qlinear-pack", [w], (_rows_hint(m),),
         lambda: torch.ops.onednn.qlinear_prepack(int8.weight_qparams(w.t())[0], [m, k]))
-    zero_points = torch.zeros(n, dtype=torch.long)
     bias = None
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
         bias = constant_of(graph, b).reshape(n).float().contiguous()
+    return m, n, packed, scales, torch.zeros(n, dtype=torch.long), bias
+
+
+def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
+    """The int8 form of a linear group: `build(scale, zero point, out)` (int8.Int8Group)."""
+    m, n, packed, scales, zero_points, bias = _int8_linear_parts(graph, anchor, ep)
     attr, scalars, algorithm = _unary(ep)
 
     def build(scale, zero_point, out):
@@ -248,6 +256,29 @@ def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
                                      zero_points, bias, o_scale, o_zp, o_dtype, attr, scalars,
                                      algorithm), out_shape)]
     return build
+
+
+def _int8_linear_dynamic(graph, anchor, ep, out_shape):
+    """A linear group in int8 with its activation quantized at each call's own range."""
+    m, n, packed, scales, zero_points, bias = _int8_linear_parts(graph, anchor, ep)
+    attr, scalars, algorithm = _unary(ep)
+    quantize = int8.DynamicQuantizer()
+    if ep.binary is not None:
+        op = torch.ops.onednn.qlinear_pointwise.binary_tensor
+
+        def linear_add(x, other):
+            codes, scale, zero_point = quantize(x)
+            return [_shaped(op(codes, scale, zero_point, packed, scales, zero_points,
+                               other.reshape(m, n), bias, 1.0, 0, torch.float32, 1.0, 0, "add",
+                               1.0, attr, scalars, algorithm), out_shape)]
+        return linear_add
+    op = torch.ops.onednn.qlinear_pointwise.tensor
+
+    def linear(x):
+        codes, scale, zero_point = quantize(x)
+        return [_shaped(op(codes, scale, zero_point, packed, scales, zero_points, bias, 1.0, 0,
+                           torch.float32, attr, scalars, algorithm), out_shape)]
+    return linear
 
 
 def _int8_conv(graph, anchor, ep, out_shape, inplace=False):

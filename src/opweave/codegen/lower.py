@@ -153,7 +153,7 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     _drop_unread(lowered, graph)
     if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
-    elif precision == "int8":
+    elif precision == "int8":  # (dynamic quantization measures each call's range itself)
         int8.link_requantization(lowered.steps, graph.outputs)
     return lowered
 
@@ -234,8 +234,8 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         name += f" [{precision}]"
         computes_in = precision
     if chosen == "onednn-int8":
-        name += " [int8]"
-        computes_in = "int8"
+        name += f" [{precision}]"
+        computes_in = precision
     overwrites = None
     if inplace and chosen in ("onednn", "onednn-int8"):
         name += " (into its residual)"

@@ -122,10 +122,10 @@ def _cpuinfo() -> str:
 
 def tally(steps, precision: str = "bf16") -> tuple[int, int]:
     """(steps computing in `precision`, steps that could: products, convolutions and
-    attention for bf16; linear layers and convolutions for int8): what `explain` and the
-    bench say of a compiled graph's precision."""
-    from .int8 import QUANTIZED_OPS
+    attention for bf16; linear layers and convolutions for int8, linear layers for
+    int8-dynamic): what `explain` and the bench say of a compiled graph's precision."""
+    from .int8 import quantized_ops
 
-    ops = QUANTIZED_OPS if precision == "int8" else LOWERED_OPS
+    ops = quantized_ops(precision) if precision.startswith("int8") else LOWERED_OPS
     eligible = [s for s in steps if any(n.op in ops for n in s.nodes)]
     return sum(s.precision == precision for s in eligible), len(eligible)
