@@ -398,7 +398,7 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget", type=float, default=None, metavar="B",
                    help="the training step under a memory budget: a fraction of the "
                         "unconstrained peak (0 < B <= 1) or bytes (B > 1); implies --train")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default=None,
+    p.add_argument("--precision", choices=("fp32", "bf16", "int8", "int8-dynamic"), default=None,
                    help="inference in this precision (default: fp32, or $OPWEAVE_PRECISION); "
                         "bf16 and int8 say how many steps run in it, on which units (int8 "
                         "calibrates on the example inputs)")

@@ -403,3 +403,15 @@ def test_int8_dynamic_leaves_convolutions_in_float32(monkeypatch):
     assert 10 * FP32_REL_L2 < err < INT8_REL_L2
     with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
         opweave.compile(model, (x,), precision="int8-dynamic", calibration=[x])
+
+
+def test_a_transposed_activation_is_quantized_in_its_own_layout():
+    """XML-CNN's convolutions read the embedding's [N, L, C] output as [N, C, L]: dense,
+    neither contiguous nor channels-last. The kernel reads it as it lies."""
+    x = torch.randn(1, 50, 30).transpose(1, 2)
+    assert int8._dense(x) and not x.is_contiguous()
+    assert not int8._dense(torch.randn(8, 8)[:, :4]) and int8._dense(torch.randn(1, 4, 1, 3))
+    got = int8.Quantizer(0.02, 128)(x)
+    assert got.stride() == x.stride()
+    want = torch.clamp(torch.round(x * (1 / 0.02)) + 128, 0, int8.activation_qmax())
+    assert torch.equal(got, want.to(torch.uint8))

@@ -28,6 +28,7 @@ provisional scales (the time does not depend on them), as every library choice i
 from __future__ import annotations
 
 import ctypes
+import threading
 import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -196,7 +197,16 @@ def _call_kernel(fn, tensors: list[torch.Tensor]) -> None:
 
 
 def _dense(x: torch.Tensor) -> bool:
-    return x.is_contiguous() or x.is_contiguous(memory_format=torch.channels_last)
+    """Whether `x`'s elements fill its storage span exactly once, in any order of axes (a
+    transposed [N, L, C] activation as [N, C, L] is): the quantizers then read it as flat
+    memory, and `empty_like` gives the codes the same strides."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(x.shape, x.stride()) if d[0] != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
 
 
 class Quantizer:
@@ -308,20 +318,30 @@ class Calibration:
     def __init__(self, groups: list[Int8Group]):
         self.groups = groups
         self.done = False
+        # calls before `done` one at a time: a group switching to int8 (and its producer
+        # to writing uint8) while another thread's call runs the graph would mix the two
+        self._lock = threading.Lock()
 
     def call(self, run: Callable, inputs):
         """A call before calibration finished: observed. Inside `calibrating`, that is all;
         outside (nothing was given to calibrate on), calibration finishes on this call and
         it runs again in int8, so every call's results come from the int8 graph."""
-        outputs = run(inputs)
-        session = _session.get()
-        if session is not None:
-            session[id(self)] = self
-            return outputs
-        self.finish()
+        with self._lock:
+            if self.done:  # another thread's call finished it meanwhile
+                return run(inputs)
+            outputs = run(inputs)
+            session = _session.get()
+            if session is not None:
+                session[id(self)] = self
+                return outputs
+            self._finish()
         return run(inputs)
 
     def finish(self) -> None:
+        with self._lock:
+            self._finish()
+
+    def _finish(self) -> None:
         if self.done:
             return
         for g in self.groups:
