@@ -415,3 +415,60 @@ def test_a_transposed_activation_is_quantized_in_its_own_layout():
     assert got.stride() == x.stride()
     want = torch.clamp(torch.round(x * (1 / 0.02)) + 128, 0, int8.activation_qmax())
     assert torch.equal(got, want.to(torch.uint8))
+
+
+class _TwoBlocks(nn.Module):
+    """A stem, a block summing into its input, a block summing into a 1x1 shortcut, then
+    pooling: ResNet's pattern within a stage and across a stage boundary."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 8, 3, padding=1)
+        self.a1, self.a2 = nn.Conv2d(8, 8, 3, padding=1), nn.Conv2d(8, 8, 3, padding=1)
+        self.b1, self.b2 = nn.Conv2d(8, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)
+        self.shortcut = nn.Conv2d(8, 16, 1)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        x = F.relu(self.a2(F.relu(self.a1(x))) + x)
+        x = F.relu(self.b2(F.relu(self.b1(x))) + self.shortcut(x))
+        return x.mean(dim=(2, 3))
+
+
+def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8():
+    """Block a's output feeds only int8 groups, so it sums into its residual (the stem's
+    output) as uint8 codes and writes codes; block b's output goes to the pooling, so it
+    writes float32 and so must its residual (the shortcut's output)."""
+    torch.manual_seed(0)
+    model, x = _TwoBlocks().eval(), torch.randn(1, 3, 10, 10)
+    options = Options(measure=False, deterministic=True, precision="int8", native="wait")
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=options)
+        python = compiled(x)
+        for _ in range(3):
+            replayed = compiled(x)
+    (graph,) = compiled.program.compiled_graphs
+    groups = [s.fn for s in graph.executor.lowered_steps if s.precision == "int8"]
+    stem, a1, a2, b1, b2, shortcut = (next(s.fn for s in graph.executor.lowered_steps
+                                           if s.precision == "int8" and s.nodes[0] is n)
+                                      for n in _conv_nodes(graph, 6))
+    assert len(groups) == 6
+    assert stem.requantize == a1.qparams == a2.accum_qparams
+    assert a2.sums and a2.accum_in_uint8 and a2.requantize == b1.qparams == shortcut.qparams
+    assert b1.requantize == b2.qparams
+    assert shortcut.requantize is None
+    assert b2.sums and not b2.accum_in_uint8 and b2.requantize is None
+    assert graph.executor.native.plan is not None, graph.executor.native.reason
+    assert torch.equal(python, replayed)
+    assert 10 * FP32_REL_L2 < _rel_l2(python, _reference(model, x)) < INT8_REL_L2
+
+
+def _conv_nodes(graph, count):
+    """The convolution nodes of a compiled graph's steps in the order of the model's
+    layers (stem, a1, a2, b1, b2, shortcut): by their weight's shape and the step order."""
+    convs = [s.nodes[0] for s in graph.executor.lowered_steps
+             if s.nodes and s.nodes[0].op == "conv"]
+    assert len(convs) == count
+    shortcut = next(n for n in convs if n.inputs[1].type.shape[2:] == (1, 1))
+    rest = [n for n in convs if n is not shortcut]
+    return (*rest, shortcut)

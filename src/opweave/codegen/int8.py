@@ -264,26 +264,11 @@ class DynamicQuantizer:
 
 # -- the int8 group ------------------------------------------------------------------------
 
-class Int8Group:
-    """A library group computed in int8. `build(scale, zero_point, out)` returns its int8
-    function for an input quantized at (scale, zero point), writing float32, or uint8 at
-    `out` = (scale, zero point) when given; `fp32` is its float32 form, run while it
-    calibrates. States: "measuring" (provisional scales, for timing), "calibrating" (float32,
-    keeping the input's range), "ready" (int8)."""
+class Range:
+    """The minimum and maximum a tensor reached over calibration calls."""
 
-    def __init__(self, build: Callable, fp32: Callable, requantizes: bool):
-        self.build, self.fp32 = build, fp32
-        self.requantizes = requantizes  # whether `build` may write uint8 (no residual add)
-        self.state = "measuring"
+    def __init__(self):
         self.low = self.high = None
-        self.qparams: tuple[float, int] | None = None
-        self.requantize: tuple[float, int] | None = None  # its readers' input qparams
-        self.readers: list[Int8Group] = []  # set by `link_requantization`
-        self._run = build(*_PROVISIONAL, None)
-
-    def start_calibration(self) -> None:
-        self.state = "calibrating"
-        self._run = None
 
     def observe(self, x: torch.Tensor) -> None:
         low, high = torch.aminmax(x.detach())
@@ -291,24 +276,91 @@ class Int8Group:
         self.low = low if self.low is None else min(self.low, low)
         self.high = high if self.high is None else max(self.high, high)
 
-    def fix_scales(self) -> None:
+    def qparams(self) -> tuple[float, int]:
         if self.low is None:
             raise RuntimeError("an int8 group was never reached in calibration")
-        self.qparams = activation_qparams(self.low, self.high, activation_qmax())
+        return activation_qparams(self.low, self.high, activation_qmax())
 
-    def finish(self) -> None:
-        """Build the int8 function (after every group of the graph fixed its scales)."""
-        readers = {r.qparams for r in self.readers}
-        self.requantize = readers.pop() if len(readers) == 1 and self.readers else None
-        self._run = self.build(*self.qparams, self.requantize)
+
+class Int8Group:
+    """A library group computed in int8. `build(scale, zero_point, out, accum)` returns its
+    int8 function for an input quantized at (scale, zero point), writing float32, or uint8
+    codes at `out` = (scale, zero point) when given; a convolution with a residual add
+    (`sums`) reads its residual as uint8 codes at `accum` when given, and then writes
+    uint8 (oneDNN's sum post-op keeps the accumulator's type). `fp32` is its float32 form,
+    run while it calibrates. States: "measuring" (provisional scales, for timing),
+    "calibrating" (float32, keeping the ranges of its input and residual), "ready" (int8)."""
+
+    def __init__(self, build: Callable, fp32: Callable, requantizes: bool, sums: bool = False):
+        self.build, self.fp32 = build, fp32
+        self.requantizes = requantizes  # whether `build` may write uint8
+        self.sums = sums                # a convolution summing into its residual
+        self.state = "measuring"
+        self.input_range, self.accum_range = Range(), Range()
+        self.qparams: tuple[float, int] | None = None        # its input's
+        self.accum_qparams: tuple[float, int] | None = None  # its residual's (`sums`)
+        self.requantize: tuple[float, int] | None = None     # its readers' input qparams
+        self.accum_in_uint8 = False
+        # set by `link_requantization`: the int8 groups reading its result and how
+        # ("input" or "accum"), None where another step reads it; the group making its
+        # residual, if one does
+        self.readers: list[tuple[Int8Group, str]] | None = None
+        self.accum_from: Int8Group | None = None
+        self._run = build(*_PROVISIONAL, None, None)
+
+    def start_calibration(self) -> None:
+        self.state = "calibrating"
+        self._run = None
+
+    def fix_scales(self) -> None:
+        self.qparams = self.input_range.qparams()
+        if self.sums:
+            self.accum_qparams = self.accum_range.qparams()
+
+    def readers_qparams(self) -> tuple[float, int] | None:
+        """The one scale and zero point its readers take its result at, if they agree."""
+        found = {r.qparams if role == "input" else r.accum_qparams
+                 for r, role in self.readers or ()}
+        return found.pop() if len(found) == 1 else None
+
+    def finish(self, requantize: tuple[float, int] | None, accum_in_uint8: bool) -> None:
+        """Build the int8 function, writing uint8 at `requantize` if given."""
+        self.requantize, self.accum_in_uint8 = requantize, accum_in_uint8
+        self._run = self.build(*self.qparams, requantize,
+                               self.accum_qparams if accum_in_uint8 else None)
         self.fp32 = None
         self.state = "ready"
 
     def __call__(self, x, *rest):
         if self.state == "calibrating":
-            self.observe(x)
+            self.input_range.observe(x)
+            if self.sums:
+                self.accum_range.observe(rest[0])
             return self.fp32(x, *rest)
         return self._run(x, *rest)
+
+
+def decide_uint8(groups: list[Int8Group]) -> set[Int8Group]:
+    """The groups that write uint8 codes (after every group fixed its scales): those whose
+    every reader is an int8 group taking the result at one scale, where, for a convolution
+    summing into its residual, the residual arrives in uint8 too, since its result keeps
+    the residual's type (and the other way round: a residual in uint8 only for a group
+    that then writes uint8). ResNet's last stage stays float32, its output going to the
+    average pooling; the stages before it run uint8 end to end."""
+    writes = {g for g in groups if g.requantizes and g.readers_qparams() is not None}
+    changed = True
+    while changed:
+        changed = False
+        for g in groups:
+            if not g.sums:
+                continue
+            accum = g.accum_from is not None and g.accum_from in writes
+            if (g in writes) != accum:
+                before = len(writes)
+                writes.discard(g)
+                writes.discard(g.accum_from)
+                changed = changed or len(writes) != before
+    return writes
 
 
 class Calibration:
@@ -346,8 +398,10 @@ class Calibration:
             return
         for g in self.groups:
             g.fix_scales()
+        writes = decide_uint8(self.groups)
         for g in self.groups:
-            g.finish()
+            g.finish(g.readers_qparams() if g in writes else None,
+                     g.sums and g.accum_from in writes)
         self.done = True
 
 
@@ -370,35 +424,50 @@ def calibrating():
 
 
 def link_requantization(steps, graph_outputs) -> int:
-    """Let an int8 group without a residual add write uint8 codes where every step that
-    reads its result is an int8 group reading it as its activation (first input), directly
-    or through single view ops; they then quantize nothing. Graph outputs stay float32.
-    Returns the number of groups linked."""
+    """Record which int8 groups read each int8 group's result, and how: as their input
+    (first operand) or as the residual a convolution sums into (second), directly or
+    through single view ops; a result any other step reads, or a graph output, keeps
+    `readers` None and stays float32. Also each summing group's residual maker.
+    `decide_uint8` picks, once scales are known, which results travel as uint8 codes.
+    Returns the number of groups all of whose readers are int8 groups."""
     readers: dict = {}
+    made_by: dict = {}
     for step in steps:
         for i, v in enumerate(step.inputs):
             readers.setdefault(v, []).append((step, i))
+        for v in step.outputs:
+            made_by[v] = step
+    outputs = set(graph_outputs)
 
-    def int8_readers(v, found) -> bool:
+    def is_view(step) -> bool:
+        return step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view
+
+    def int8_uses(v, found) -> bool:
         uses = readers.get(v)
         if not uses or v in outputs:
             return False
         for r, i in uses:
-            if isinstance(r.fn, Int8Group) and i == 0:
-                found.append(r.fn)
-                continue
-            is_view = r.kind == "op" and len(r.nodes) == 1 and r.nodes[0].opdef.is_view
-            if not (is_view and all(int8_readers(o, found) for o in r.outputs)):
+            if isinstance(r.fn, Int8Group) and (i == 0 or (i == 1 and r.fn.sums)):
+                found.append((r.fn, "input" if i == 0 else "accum"))
+            elif not (is_view(r) and all(int8_uses(o, found) for o in r.outputs)):
                 return False
         return True
 
-    outputs = set(graph_outputs)
+    def maker(v):
+        step = made_by.get(v)
+        while step is not None and is_view(step):
+            step = made_by.get(step.inputs[0])
+        return step.fn if step is not None and isinstance(step.fn, Int8Group) else None
+
     linked = 0
     for step in steps:
-        if not isinstance(step.fn, Int8Group) or not step.fn.requantizes or len(step.outputs) != 1:
+        group = step.fn
+        if not isinstance(group, Int8Group):
             continue
-        found: list[Int8Group] = []
-        if int8_readers(step.outputs[0], found):
-            step.fn.readers = found
+        if group.sums:
+            group.accum_from = maker(step.inputs[1])
+        found: list = []
+        if len(step.outputs) == 1 and int8_uses(step.outputs[0], found):
+            group.readers = found
             linked += 1
     return linked

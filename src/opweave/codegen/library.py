@@ -87,9 +87,13 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         if precision == "int8-dynamic":
             found["onednn-int8"] = _int8_linear_dynamic(graph, anchor, ep, out_shape)
         else:
-            make = _int8_linear if anchor.op == "matmul" else _int8_conv
-            found["onednn-int8"] = int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
-                                                  found["onednn"], requantizes=ep.binary is None)
+            # a linear layer adding a residual writes float32; a convolution summing into
+            # one writes the residual's type, uint8 where it arrives as codes
+            conv = anchor.op == "conv"
+            make = _int8_conv if conv else _int8_linear
+            found["onednn-int8"] = int8.Int8Group(
+                make(graph, anchor, ep, out_shape, inplace), found["onednn"],
+                requantizes=conv or ep.binary is None, sums=conv and ep.binary is not None)
     return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
 
 
@@ -238,11 +242,12 @@ def _int8_linear_parts(graph, anchor, ep):
 
 
 def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
-    """The int8 form of a linear group: `build(scale, zero point, out)` (int8.Int8Group)."""
+    """The int8 form of a linear group: `build(scale, zero point, out, accum)`
+    (int8.Int8Group; a linear layer's residual stays float32, so `accum` is None)."""
     m, n, packed, scales, zero_points, bias = _int8_linear_parts(graph, anchor, ep)
     attr, scalars, algorithm = _unary(ep)
 
-    def build(scale, zero_point, out):
+    def build(scale, zero_point, out, accum):
         quantize = int8.Quantizer(scale, zero_point)
         o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
         if ep.binary is not None:
@@ -283,8 +288,9 @@ def _int8_linear_dynamic(graph, anchor, ep, out_shape):
 
 def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
     """The int8 form of a convolution group (1-D ones as 2-D over a height of 1); with a
-    residual add, oneDNN sums into a float32 accumulator: the residual itself where it is
-    dead after the group (`inplace`), else a copy of it."""
+    residual add, oneDNN sums into an accumulator: the residual itself where it is dead
+    after the group (`inplace`), else a copy of it; float32, or uint8 codes at `accum`
+    (then the result is uint8 codes at `out`)."""
     a = anchor.attrs
     w = constant_of(graph, anchor.inputs[1])
     bias = constant_of(graph, anchor.inputs[2]).float().contiguous() \
@@ -306,7 +312,7 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
     def finish(y):
         return _shaped(y.squeeze(2) if one_d else y, out_shape)
 
-    def build(scale, zero_point, out):
+    def build(scale, zero_point, out, accum):
         qweight = int8.weight_qparams(w)[0]
         packed = torch.ops.onednn.qconv_prepack(
             qweight.unsqueeze(2) if one_d else qweight, scales, scale, zero_point, stride,
@@ -316,13 +322,17 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
         if ep.binary is not None:
             op = torch.ops.onednn.qconv2d_pointwise.binary
             unary = ep.unary.op if ep.unary is not None else "none"
+            # the accumulator's (scale, zero point): float32 ones must be (1, 0)
+            a_scale, a_zp = accum if accum is not None else (1.0, 0)
+            assert (accum is None) == (out is None), "the sum keeps the residual's type"
 
             def conv_add(x, other):
                 acc = to_2d(other)
                 acc = acc.contiguous(memory_format=cl) if inplace else acc.clone(memory_format=cl)
                 return [finish(op(to_2d(quantize(x)), scale, zero_point, packed, scales,
                                   zero_points, acc, bias, stride, padding, dilation, groups,
-                                  o_scale, o_zp, o_dtype, 1.0, 0, "sum", 1.0, unary, [], ""))]
+                                  o_scale, o_zp, o_dtype, a_scale, a_zp, "sum", 1.0, unary,
+                                  [], ""))]
             return conv_add
         op = torch.ops.onednn.qconv2d_pointwise.default
         attr, scalars, algorithm = _unary(ep)
