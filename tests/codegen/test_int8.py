@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import opweave
-from opweave.codegen import int8, library
+from opweave.codegen import int8, library, quantize
 from opweave.options import Options
 
 pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
@@ -47,31 +47,31 @@ def _steps(compiled):
 
 def _fake_quant(x: torch.Tensor, qparams) -> torch.Tensor:
     scale, zp = qparams
-    q = torch.clamp(torch.round(x.double() / scale) + zp, 0, int8.activation_qmax())
+    q = torch.clamp(torch.round(x.double() / scale) + zp, 0, quantize.activation_qmax())
     return (q - zp) * scale
 
 
 def _fake_quant_weight(w: torch.Tensor) -> torch.Tensor:
-    q, scale = int8.weight_qparams(w)
+    q, scale = quantize.weight_qparams(w)
     return q.double() * scale.double().reshape((-1,) + (1,) * (w.dim() - 1))
 
 
 # -- quantization parameters ---------------------------------------------------------------
 
 def test_activation_ranges_map_onto_uint8_with_zero_exact():
-    scale, zp = int8.activation_qparams(-1.0, 3.0, 255)
+    scale, zp = quantize.activation_qparams(-1.0, 3.0, 255)
     assert scale == pytest.approx(4.0 / 255) and zp == 64
-    assert int8.activation_qparams(0.5, 2.0, 255) == (pytest.approx(2.0 / 255), 0)  # holds 0
-    assert int8.activation_qparams(-2.0, -1.0, 127) == (pytest.approx(2.0 / 127), 127)
-    assert int8.activation_qparams(0.0, 0.0, 255) == (1.0, 0)
+    assert quantize.activation_qparams(0.5, 2.0, 255) == (pytest.approx(2.0 / 255), 0)  # holds 0
+    assert quantize.activation_qparams(-2.0, -1.0, 127) == (pytest.approx(2.0 / 127), 127)
+    assert quantize.activation_qparams(0.0, 0.0, 255) == (1.0, 0)
     with pytest.raises(ValueError, match="non-finite"):
-        int8.activation_qparams(float("-inf"), 1.0, 255)
+        quantize.activation_qparams(float("-inf"), 1.0, 255)
 
 
 def test_weights_are_quantized_per_output_channel():
     w = torch.randn(6, 4, 3, 3) * torch.arange(1, 7).reshape(6, 1, 1, 1)
     w[2] = 0.0
-    q, scale = int8.weight_qparams(w)
+    q, scale = quantize.weight_qparams(w)
     assert q.dtype == torch.int8 and scale.shape == (6,)
     assert scale[2] == 1.0 and not q[2].any()
     err = (_fake_quant_weight(w) - w.double()).abs().amax(dim=(1, 2, 3))
@@ -87,20 +87,20 @@ def test_the_cpp_quantizer_matches_the_formula(layout):
     if layout == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
     scale, zp = 0.05, 100
-    got = int8.Quantizer(scale, zp)(x)
-    want = torch.clamp(torch.round(x * (1 / scale)) + zp, 0, int8.activation_qmax()).to(torch.uint8)
+    got = quantize.Quantizer(scale, zp)(x)
+    want = torch.clamp(torch.round(x * (1 / scale)) + zp, 0, quantize.activation_qmax()).to(torch.uint8)
     assert got.dtype == torch.uint8 and got.stride() == x.stride()
     assert torch.equal(got, want)
 
 
 def test_units_and_the_activation_range_follow_the_cpus_flags():
     line = "processor\t: 0\nflags\t\t: fpu sse avx2 fma {}\nbugs\t\t: none\n"
-    assert not int8.has_int8_units(line.format(""))
+    assert not quantize.has_int8_units(line.format(""))
     assert int8.units(line.format("")).startswith("no int8 dot-product units: 7-bit")
-    assert int8.has_int8_units(line.format("avx512f avx512_vnni"))
+    assert quantize.has_int8_units(line.format("avx512f avx512_vnni"))
     assert int8.units(line.format("avx512_vnni")).startswith("VNNI")
     assert int8.units(line.format("amx_int8 amx_tile")) == "AMX int8 tiles"
-    assert int8.activation_qmax() == (255 if int8.has_int8_units() else 127)
+    assert quantize.activation_qmax() == (255 if quantize.has_int8_units() else 127)
 
 
 # -- each int8 form against its float64 simulation -----------------------------------------
@@ -241,12 +241,12 @@ def test_calibration_batches_set_the_ranges_and_cover_what_they_saw():
         on_example = opweave.compile(model, (x,), options=_options())
         on_batches = opweave.compile(model, (x,), options=_options(), calibration=batches)
         first = lambda c: next(s.fn for s in _steps(c) if s.precision == "int8")  # noqa: E731
-        assert first(on_example).qparams == int8.activation_qparams(
-            float(x.min()), float(x.max()), int8.activation_qmax())
+        assert first(on_example).qparams == quantize.activation_qparams(
+            float(x.min()), float(x.max()), quantize.activation_qmax())
         low = min(float(b.min()) for b in batches)
         high = max(float(b.max()) for b in batches)
-        assert first(on_batches).qparams == int8.activation_qparams(
-            low, high, int8.activation_qmax())
+        assert first(on_batches).qparams == quantize.activation_qparams(
+            low, high, quantize.activation_qmax())
         # the round trip: what calibration saw comes back within half a step, unclipped
         scale = first(on_batches).qparams[0]
         for b in batches:
@@ -348,21 +348,21 @@ def test_int8_choices_are_recorded_apart_and_fusion_off_says_it_stays_float32():
 # -- dynamic quantization of linear layers -------------------------------------------------
 
 def _own_range(x: torch.Tensor):
-    return int8.activation_qparams(float(x.min()), float(x.max()), int8.activation_qmax())
+    return quantize.activation_qparams(float(x.min()), float(x.max()), quantize.activation_qmax())
 
 
 def test_the_dynamic_quantizer_takes_each_calls_range():
     torch.manual_seed(0)
-    quantize = int8.DynamicQuantizer()
+    to_codes = quantize.DynamicQuantizer()
     for x in (torch.randn(33, 70), torch.rand(33, 70) * 9 + 1, -torch.rand(8, 5)):
-        codes, scale, zero_point = quantize(x)
+        codes, scale, zero_point = to_codes(x)
         want_scale, want_zp = _own_range(x)
         assert float(scale) == pytest.approx(want_scale, rel=1e-6) and int(zero_point) == want_zp
         want = torch.clamp(torch.round(x * (1 / float(scale))) + want_zp, 0,
-                           int8.activation_qmax()).to(torch.uint8)
+                           quantize.activation_qmax()).to(torch.uint8)
         assert (codes.int() - want.int()).abs().max() <= 1  # x / s vs x * (1 / s)
         # a strided view takes the torch ops' path: the same codes
-        slow = quantize(x.t().contiguous().t())
+        slow = to_codes(x.t().contiguous().t())
         assert float(slow[1]) == pytest.approx(float(scale), rel=1e-6)
         assert (slow[0].int() - codes.int()).abs().max() <= 1
 
@@ -409,11 +409,11 @@ def test_a_transposed_activation_is_quantized_in_its_own_layout():
     """XML-CNN's convolutions read the embedding's [N, L, C] output as [N, C, L]: dense,
     neither contiguous nor channels-last. The kernel reads it as it lies."""
     x = torch.randn(1, 50, 30).transpose(1, 2)
-    assert int8._dense(x) and not x.is_contiguous()
-    assert not int8._dense(torch.randn(8, 8)[:, :4]) and int8._dense(torch.randn(1, 4, 1, 3))
-    got = int8.Quantizer(0.02, 128)(x)
+    assert quantize._dense(x) and not x.is_contiguous()
+    assert not quantize._dense(torch.randn(8, 8)[:, :4]) and quantize._dense(torch.randn(1, 4, 1, 3))
+    got = quantize.Quantizer(0.02, 128)(x)
     assert got.stride() == x.stride()
-    want = torch.clamp(torch.round(x * (1 / 0.02)) + 128, 0, int8.activation_qmax())
+    want = torch.clamp(torch.round(x * (1 / 0.02)) + 128, 0, quantize.activation_qmax())
     assert torch.equal(got, want.to(torch.uint8))
 
 

@@ -167,7 +167,7 @@ class _Loss(nn.Module):
 
 
 @pytest.mark.parametrize("mode, message", [
-    ("fp16", "precision must be one of fp32, bf16, int8; got 'fp16'"),
+    ("fp16", "precision must be one of fp32, bf16, int8, int8-dynamic; got 'fp16'"),
     ("bf16x3", "precision='bf16x3' is not available: it needs a bf16 GEMM with a float32"),
 ])
 def test_an_unknown_or_unbuilt_precision_is_refused(mode, message):

@@ -27,7 +27,7 @@ from ..ir.graph import Node, Value
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
 from .. import shared_constants
-from . import int8
+from . import int8, quantize
 from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
@@ -230,10 +230,10 @@ def _int8_linear_parts(graph, anchor, ep):
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     w = constant_of(graph, anchor.inputs[1])
     scales = shared_constants.derived("int8-scales-t", [w], (),
-                                      lambda: int8.weight_qparams(w.t())[1])
+                                      lambda: quantize.weight_qparams(w.t())[1])
     packed = shared_constants.derived(
         "qlinear-pack", [w], (_rows_hint(m),),
-        lambda: torch.ops.onednn.qlinear_prepack(int8.weight_qparams(w.t())[0], [m, k]))
+        lambda: torch.ops.onednn.qlinear_prepack(quantize.weight_qparams(w.t())[0], [m, k]))
     bias = None
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
@@ -248,16 +248,16 @@ def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
     attr, scalars, algorithm = _unary(ep)
 
     def build(scale, zero_point, out, accum):
-        quantize = int8.Quantizer(scale, zero_point)
+        to_codes = quantize.Quantizer(scale, zero_point)
         o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
         if ep.binary is not None:
             op = torch.ops.onednn.qlinear_pointwise.binary
             return lambda x, other: [_shaped(op(
-                quantize(x), scale, zero_point, packed, scales, zero_points,
+                to_codes(x), scale, zero_point, packed, scales, zero_points,
                 other.reshape(m, n), bias, o_scale, o_zp, o_dtype, 1.0, 0, "add", 1.0,
                 attr, scalars, algorithm), out_shape)]
         op = torch.ops.onednn.qlinear_pointwise.default
-        return lambda x: [_shaped(op(quantize(x), scale, zero_point, packed, scales,
+        return lambda x: [_shaped(op(to_codes(x), scale, zero_point, packed, scales,
                                      zero_points, bias, o_scale, o_zp, o_dtype, attr, scalars,
                                      algorithm), out_shape)]
     return build
@@ -267,12 +267,12 @@ def _int8_linear_dynamic(graph, anchor, ep, out_shape):
     """A linear group in int8 with its activation quantized at each call's own range."""
     m, n, packed, scales, zero_points, bias = _int8_linear_parts(graph, anchor, ep)
     attr, scalars, algorithm = _unary(ep)
-    quantize = int8.DynamicQuantizer()
+    to_codes = quantize.DynamicQuantizer()
     if ep.binary is not None:
         op = torch.ops.onednn.qlinear_pointwise.binary_tensor
 
         def linear_add(x, other):
-            codes, scale, zero_point = quantize(x)
+            codes, scale, zero_point = to_codes(x)
             return [_shaped(op(codes, scale, zero_point, packed, scales, zero_points,
                                other.reshape(m, n), bias, 1.0, 0, torch.float32, 1.0, 0, "add",
                                1.0, attr, scalars, algorithm), out_shape)]
@@ -280,7 +280,7 @@ def _int8_linear_dynamic(graph, anchor, ep, out_shape):
     op = torch.ops.onednn.qlinear_pointwise.tensor
 
     def linear(x):
-        codes, scale, zero_point = quantize(x)
+        codes, scale, zero_point = to_codes(x)
         return [_shaped(op(codes, scale, zero_point, packed, scales, zero_points, bias, 1.0, 0,
                            torch.float32, attr, scalars, algorithm), out_shape)]
     return linear
@@ -302,7 +302,7 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
         size = size[:2] + [1] + size[2:]
         padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
     groups = a["groups"]
-    scales = shared_constants.derived("int8-scales", [w], (), lambda: int8.weight_qparams(w)[1])
+    scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
     zero_points = torch.zeros(w.shape[0], dtype=torch.long)
     cl = torch.channels_last
 
@@ -313,11 +313,11 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
         return _shaped(y.squeeze(2) if one_d else y, out_shape)
 
     def build(scale, zero_point, out, accum):
-        qweight = int8.weight_qparams(w)[0]
+        qweight = quantize.weight_qparams(w)[0]
         packed = torch.ops.onednn.qconv_prepack(
             qweight.unsqueeze(2) if one_d else qweight, scales, scale, zero_point, stride,
             padding, dilation, groups, size)
-        quantize = int8.Quantizer(scale, zero_point)
+        to_codes = quantize.Quantizer(scale, zero_point)
         o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
         if ep.binary is not None:
             op = torch.ops.onednn.qconv2d_pointwise.binary
@@ -329,14 +329,14 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
             def conv_add(x, other):
                 acc = to_2d(other)
                 acc = acc.contiguous(memory_format=cl) if inplace else acc.clone(memory_format=cl)
-                return [finish(op(to_2d(quantize(x)), scale, zero_point, packed, scales,
+                return [finish(op(to_2d(to_codes(x)), scale, zero_point, packed, scales,
                                   zero_points, acc, bias, stride, padding, dilation, groups,
                                   o_scale, o_zp, o_dtype, a_scale, a_zp, "sum", 1.0, unary,
                                   [], ""))]
             return conv_add
         op = torch.ops.onednn.qconv2d_pointwise.default
         attr, scalars, algorithm = _unary(ep)
-        return lambda x: [finish(op(to_2d(quantize(x)), scale, zero_point, packed, scales,
+        return lambda x: [finish(op(to_2d(to_codes(x)), scale, zero_point, packed, scales,
                                     zero_points, bias, stride, padding, dilation, groups,
                                     o_scale, o_zp, o_dtype, attr, scalars, algorithm))]
     return build

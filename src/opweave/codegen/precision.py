@@ -95,16 +95,18 @@ def applies(precision: str, op: str) -> bool:
     return precision == "bf16" and op in LOWERED_OPS
 
 
+def cpu_flags(cpuinfo: str | None = None) -> set[str]:
+    """The CPU's feature flags, from `/proc/cpuinfo` or the text given."""
+    for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[-1].split())
+    return set()
+
+
 def units(cpuinfo: str | None = None) -> str:
     """The CPU's bf16 units (from `/proc/cpuinfo`'s flags, or the text given), as `explain`
     and the bench report them."""
-    if cpuinfo is None:
-        cpuinfo = _cpuinfo()
-    flags = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith("flags"):
-            flags = set(line.split(":", 1)[-1].split())
-            break
+    flags = cpu_flags(cpuinfo)
     if "amx_bf16" in flags:
         return "AMX bf16 tiles"
     if "avx512_bf16" in flags:

@@ -1,0 +1,206 @@
+"""Quantization arithmetic: scales and zero points, and the C++ kernels that turn float32
+activations into uint8 codes (codegen/int8.py says where they are used).
+
+Activations are asymmetric uint8: `activation_qparams` maps a range (widened to hold 0,
+so zero is exact) onto [0, qmax]; weights symmetric int8 per output channel. The kernels
+are built once per machine like the generated ones and called through `CppKernel`'s
+recording protocol, so the native plan replays them: `Quantizer` at fixed scales (static
+quantization), `DynamicQuantizer` at each call's own range (dynamic quantization).
+"""
+from __future__ import annotations
+
+import ctypes
+import warnings
+from functools import lru_cache
+
+import torch
+
+from . import build
+from .precision import cpu_flags
+
+
+def has_int8_units(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU multiplies u8 x s8 into 32 bits (VNNI or AMX) without saturating."""
+    return bool(cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+@lru_cache(maxsize=1)
+def activation_qmax() -> int:
+    """The largest uint8 code activations use here: 255, or 127 without int8 units."""
+    return 255 if has_int8_units() else 127
+
+
+def activation_qparams(low: float, high: float, qmax: int) -> tuple[float, int]:
+    """(scale, zero point) mapping [low, high] (widened to hold 0, so zero is exact) onto
+    the uint8 range [0, qmax]."""
+    if not (_finite(low) and _finite(high)):
+        raise ValueError(f"calibration saw a non-finite value (range {low}..{high})")
+    low, high = min(low, 0.0), max(high, 0.0)
+    if high == low:  # only zeros seen
+        return 1.0, 0
+    scale = (high - low) / qmax
+    zero_point = int(min(qmax, max(0, round(-low / scale))))
+    return scale, zero_point
+
+
+def _finite(x: float) -> bool:
+    return x == x and abs(x) != float("inf")
+
+
+def weight_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, float32 scale per output channel: axis 0), symmetric."""
+    w = weight.detach().float()
+    amax = w.abs().reshape(w.shape[0], -1).amax(dim=1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    q = torch.round(w / scale.reshape(shape)).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+# -- the int8 group ------------------------------------------------------------------------
+
+
+_QUANTIZE = r"""
+// uint8 codes of float32 values: rint(x / scale) + zero point, clamped to [0, qmax].
+// p: {1 / scale, zero point, element count, qmax} (doubles: one constant tensor).
+extern "C" void ow_quantize_u8(void** argv) {
+  uint8_t* out = (uint8_t*)argv[0];
+  const float* in = (const float*)argv[1];
+  const double* p = (const double*)argv[2];
+  const float inv = (float)p[0], zp = (float)p[1], qmax = (float)p[3];
+  const int64_t n = (int64_t)p[2];
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::rint(in[i] * inv) + zp;
+    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    out[i] = (uint8_t)(int32_t)v;
+  }
+}
+
+// The same at the scale and zero point of this call's own range (dynamic quantization):
+// argv {codes, scale (float, 1), zero point (int64, 1), values, {element count, qmax}}.
+extern "C" void ow_quantize_u8_dynamic(void** argv) {
+  uint8_t* out = (uint8_t*)argv[0];
+  float* scale_out = (float*)argv[1];
+  int64_t* zp_out = (int64_t*)argv[2];
+  const float* in = (const float*)argv[3];
+  const double* p = (const double*)argv[4];
+  const int64_t n = (int64_t)p[0];
+  const float qmax = (float)p[1];
+  float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) reduction(min:lo) reduction(max:hi)
+  for (int64_t i = 0; i < n; ++i) {
+    lo = in[i] < lo ? in[i] : lo;
+    hi = in[i] > hi ? in[i] : hi;
+  }
+  float scale = hi > lo ? (hi - lo) / qmax : 1.0f;
+  float zp = std::rint(-lo / scale);
+  zp = zp < 0.0f ? 0.0f : (zp > qmax ? qmax : zp);
+  scale_out[0] = scale;
+  zp_out[0] = (int64_t)zp;
+  const float inv = 1.0f / scale;
+  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float v = std::rint(in[i] * inv) + zp;
+    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    out[i] = (uint8_t)(int32_t)v;
+  }
+}
+"""
+
+
+@lru_cache(maxsize=1)
+def _quantizers():
+    """The C++ quantizers {name: function} (built once per machine, cached like every
+    kernel), or None where no compiler builds them (then torch ops quantize, about 5x
+    slower)."""
+    try:
+        lib = build.load(_QUANTIZE)
+    except build.BuildError as err:
+        warnings.warn(f"opweave: the int8 quantizer could not be built ({err}); torch ops "
+                      "quantize activations instead (slower)", RuntimeWarning, stacklevel=2)
+        return None
+    lib.ow_set_threads(torch.get_num_threads())
+    found = {}
+    for name in ("ow_quantize_u8", "ow_quantize_u8_dynamic"):
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = None
+        found[name] = fn
+    return found
+
+
+def _call_kernel(fn, tensors: list[torch.Tensor]) -> None:
+    """Call a quantizer on these tensors' data, telling the native plan's recorder (the
+    protocol of generated kernels, `CppKernel`)."""
+    from .lower import CppKernel
+
+    if CppKernel.recording is not None:
+        CppKernel.recording(ctypes.cast(fn, ctypes.c_void_p).value, tensors)
+    fn((ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors]))
+
+
+def _dense(x: torch.Tensor) -> bool:
+    """Whether `x`'s elements fill its storage span exactly once, in any order of axes (a
+    transposed [N, L, C] activation as [N, C, L] is): the quantizers then read it as flat
+    memory, and `empty_like` gives the codes the same strides."""
+    expected = 1
+    for size, stride in sorted((d for d in zip(x.shape, x.stride()) if d[0] != 1),
+                               key=lambda d: d[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+class Quantizer:
+    """float32 -> uint8 codes at one scale and zero point. A call is one C++ kernel that
+    the native plan records and replays like a generated one."""
+
+    def __init__(self, scale: float, zero_point: int):
+        self.scale, self.zero_point, self.qmax = scale, zero_point, activation_qmax()
+        self._params: dict[int, torch.Tensor] = {}  # element count -> the kernel's constants
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.uint8:  # requantized by the group that made it
+            return x
+        kernels = _quantizers()
+        if kernels is None or not _dense(x):
+            return torch.clamp(torch.round(x * (1.0 / self.scale)) + self.zero_point,
+                               0, self.qmax).to(torch.uint8)
+        out = torch.empty_like(x, dtype=torch.uint8)
+        params = self._params.get(x.numel())
+        if params is None:
+            params = torch.tensor([1.0 / self.scale, self.zero_point, x.numel(), self.qmax],
+                                  dtype=torch.float64)
+            self._params[x.numel()] = params
+        _call_kernel(kernels["ow_quantize_u8"], [out, x, params])
+        return out
+
+
+class DynamicQuantizer:
+    """float32 -> (uint8 codes, scale, zero point) at the range of each call's own values
+    (dynamic quantization): one C++ kernel, scale and zero point as tensors."""
+
+    def __init__(self):
+        self.qmax = activation_qmax()
+        self._params: dict[int, torch.Tensor] = {}
+
+    def __call__(self, x: torch.Tensor):
+        kernels = _quantizers()
+        if kernels is None or not _dense(x):
+            low, high = torch.aminmax(x)
+            low, high = low.clamp(max=0.0), high.clamp(min=0.0)
+            scale = torch.where(high > low, (high - low) / self.qmax, torch.ones_like(high))
+            zero_point = torch.round(-low / scale).clamp(0, self.qmax).to(torch.int64)
+            codes = torch.clamp(torch.round(x / scale) + zero_point, 0, self.qmax)
+            return codes.to(torch.uint8), scale, zero_point
+        out = torch.empty_like(x, dtype=torch.uint8)
+        scale = torch.empty((), dtype=torch.float32)
+        zero_point = torch.empty((), dtype=torch.int64)
+        params = self._params.get(x.numel())
+        if params is None:
+            params = torch.tensor([x.numel(), self.qmax], dtype=torch.float64)
+            self._params[x.numel()] = params
+        _call_kernel(kernels["ow_quantize_u8_dynamic"], [out, scale, zero_point, x, params])
+        return out, scale, zero_point
