@@ -52,6 +52,7 @@ def test_inference_through_the_harness(tmp_path, monkeypatch):
 def test_int8_backends_through_the_harness(tmp_path, monkeypatch):
     """opweave and ONNX Runtime statically quantized, both calibrated on the benchmark's
     inputs, held to int8's tolerance and labelled so in the report."""
+    pytest.importorskip("onnxruntime")  # a peer: the optional "peers" extra
     monkeypatch.setenv("OPWEAVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setenv("OPWEAVE_NATIVE", "off")
     monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the int8 forms, whichever is faster here

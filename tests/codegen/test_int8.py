@@ -264,7 +264,7 @@ def test_calibration_batches_are_checked():
     with pytest.raises(ValueError, match="calibration batch 1 of Sequential is not a call like "
                                          r"the example: .*shape \[2, 3, 8, 8\]"):
         opweave.compile(model, (x,), options=_options(), calibration=[x, torch.randn(2, 3, 8, 8)])
-    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+    with pytest.raises(ValueError, match="calibration= applies to .*precision='int8'"):
         opweave.compile(model, (x,), calibration=[x])
     with pytest.raises(ValueError, match="holds no batch"):
         opweave.compile(model, (x,), options=_options(), calibration=[])
@@ -292,11 +292,48 @@ def test_the_native_plan_replays_the_int8_graph():
     with torch.no_grad():
         compiled = opweave.compile(model, (x,), options=options)
         python = compiled(x)
-        for _ in range(3):
-            replayed = compiled(x)
-    (graph,) = compiled.program.compiled_graphs
-    assert graph.executor.native.plan is not None, graph.executor.native.reason
+        for _ in range(3):  # recorded at the second call, checked at the third
+            compiled(x)
+        (graph,) = compiled.program.compiled_graphs
+        assert graph.executor.native.plan is not None, graph.executor.native.reason
+        replayed = compiled(x)  # by the plan
+    assert graph.executor.native.counts[1] >= 1  # the quantizer kernel was recorded
     assert torch.equal(python, replayed)
+
+
+def test_a_failed_calibration_leaves_the_graph_in_float32_with_one_warning():
+    """A calibration batch with an infinity gives no scale: no group switches to int8
+    (a half-switched graph would hand codes to groups expecting floats)."""
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    broken = x.clone()
+    broken[0, 0, 0, 0] = float("inf")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        compiled = opweave.compile(model, (x,), options=_options(), calibration=[broken])
+        got = compiled(x)
+        again = compiled(x)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, int8.Int8Warning)]
+    assert message.startswith("opweave: int8 calibration failed (ValueError: calibration saw "
+                              "a non-finite value (range -")
+    assert message.endswith("..inf)); the 3 int8 groups of this graph compute in float32")
+    assert _rel_l2(got, _reference(model, x)) < FP32_REL_L2
+    assert torch.equal(got, again)
+
+
+def test_without_int8_units_no_result_travels_as_codes(monkeypatch):
+    """With 7-bit activations, oneDNN's requantized outputs would use all 8 bits: every
+    group then quantizes its own input, within 7 bits."""
+    monkeypatch.setattr(quantize, "activation_qmax", lambda: 127)
+    monkeypatch.setattr(int8, "activation_qmax", lambda: 127)
+    model, x = _cnn(), torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options())
+        got = compiled(x)
+    groups = [s.fn for s in _steps(compiled) if s.precision == "int8"]
+    assert len(groups) == 3 and all(g.requantize is None for g in groups)
+    assert all(g.qparams == quantize.activation_qparams(g.input_range.low, g.input_range.high,
+                                                        127) for g in groups)
+    assert 10 * FP32_REL_L2 < _rel_l2(got, _reference(model, x)) < INT8_REL_L2
 
 
 def test_onnx_models_take_calibration_batches():
@@ -310,8 +347,10 @@ def test_onnx_models_take_calibration_batches():
     got = np.asarray(model(x)[0], np.float64)
     ref = mlp_reference(x.astype(np.float64))
     assert 10 * FP32_REL_L2 < np.linalg.norm(got - ref) / np.linalg.norm(ref) < INT8_REL_L2
-    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+    with pytest.raises(ValueError, match="calibration= applies to .*precision='int8'"):
         opweave.from_onnx(mlp().SerializeToString(), calibration=batches)
+    with pytest.warns(int8.Int8Warning, match="these batches calibrated nothing"):
+        model.calibrate(batches)  # scales are fixed once
 
 
 def test_explain_says_how_many_steps_run_in_int8(monkeypatch):
@@ -377,11 +416,11 @@ def test_int8_dynamic_quantizes_linear_layers_at_each_calls_range_also_when_repl
     x = torch.randn(16, 48)
     with torch.no_grad():
         compiled = opweave.compile(model, (x,), options=options)
-        for _ in range(4):
+        for _ in range(4):  # recorded at the second call, checked at the third
             compiled(x)
         (graph,) = compiled.program.compiled_graphs
         assert graph.executor.native.plan is not None, graph.executor.native.reason
-        wide = x * 10
+        wide = x * 10  # run by the plan
         got = compiled(wide)
         first = F.gelu(_fake_quant(wide, _own_range(wide)) @
                        _fake_quant_weight(model[0].weight).t() + model[0].bias.double())
@@ -401,7 +440,7 @@ def test_int8_dynamic_leaves_convolutions_in_float32(monkeypatch):
         compiled = opweave.compile(model, (x,), precision="int8-dynamic")
         err = _rel_l2(compiled(x), _reference(model, x))
     assert 10 * FP32_REL_L2 < err < INT8_REL_L2
-    with pytest.raises(ValueError, match="calibration= applies to precision='int8'"):
+    with pytest.raises(ValueError, match="calibration= applies to .*precision='int8'"):
         opweave.compile(model, (x,), precision="int8-dynamic", calibration=[x])
 
 

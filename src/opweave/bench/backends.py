@@ -314,6 +314,9 @@ def _ort_quantize(bench: BenchmarkModel, path: str) -> None:
                                           quantize_static)
 
     names = [i.name for i in onnx.load(path, load_external_data=False).graph.input]
+    if len(names) != len(bench.inputs):  # as `_ort_feed` says it: no silent shift of names
+        raise Unavailable(f"the exported model takes {len(names)} inputs ({', '.join(names)}), "
+                          f"the module {len(bench.inputs)}")
 
     class Batches(CalibrationDataReader):
         def __init__(self):

@@ -25,6 +25,7 @@ not depend on them), as every library choice is.
 from __future__ import annotations
 
 import threading
+import warnings
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Callable
@@ -86,8 +87,9 @@ class Int8Group:
     codes at `out` = (scale, zero point) when given; a convolution with a residual add
     (`sums`) reads its residual as uint8 codes at `accum` when given, and then writes
     uint8 (oneDNN's sum post-op keeps the accumulator's type). `fp32` is its float32 form,
-    run while it calibrates. States: "measuring" (provisional scales, for timing),
-    "calibrating" (float32, keeping the ranges of its input and residual), "ready" (int8)."""
+    run while it calibrates. States: "measuring" (provisional scales, for timing; built at
+    its first call), "calibrating" (float32, keeping the ranges of its input and residual),
+    "ready" (int8, or float32 where calibration failed)."""
 
     def __init__(self, build: Callable, fp32: Callable, requantizes: bool, sums: bool = False):
         self.build, self.fp32 = build, fp32
@@ -104,7 +106,7 @@ class Int8Group:
         # residual, if one does
         self.readers: list[tuple[Int8Group, str]] | None = None
         self.accum_from: Int8Group | None = None
-        self._run = build(*_PROVISIONAL, None, None)
+        self._run: Callable | None = None
 
     def start_calibration(self) -> None:
         self.state = "calibrating"
@@ -121,12 +123,15 @@ class Int8Group:
                  for r, role in self.readers or ()}
         return found.pop() if len(found) == 1 else None
 
-    def finish(self, requantize: tuple[float, int] | None, accum_in_uint8: bool) -> None:
-        """Build the int8 function, writing uint8 at `requantize` if given."""
+    def built(self, requantize: tuple[float, int] | None, accum_in_uint8: bool) -> Callable:
+        """Its int8 function, writing uint8 at `requantize` if given."""
+        return self.build(*self.qparams, requantize,
+                          self.accum_qparams if accum_in_uint8 else None)
+
+    def switch(self, run: Callable, requantize=None, accum_in_uint8: bool = False) -> None:
+        """Run `run` from now on: its int8 function, or its float32 form."""
         self.requantize, self.accum_in_uint8 = requantize, accum_in_uint8
-        self._run = self.build(*self.qparams, requantize,
-                               self.accum_qparams if accum_in_uint8 else None)
-        self.fp32 = None
+        self._run, self.fp32, self.build = run, None, None
         self.state = "ready"
 
     def __call__(self, x, *rest):
@@ -135,6 +140,8 @@ class Int8Group:
             if self.sums:
                 self.accum_range.observe(rest[0])
             return self.fp32(x, *rest)
+        if self._run is None:  # measuring: built once it is measured
+            self._run = self.build(*_PROVISIONAL, None, None)
         return self._run(x, *rest)
 
 
@@ -144,7 +151,10 @@ def decide_uint8(groups: list[Int8Group]) -> set[Int8Group]:
     summing into its residual, the residual arrives in uint8 too, since its result keeps
     the residual's type (and the other way round: a residual in uint8 only for a group
     that then writes uint8). ResNet's last stage stays float32, its output going to the
-    average pooling; the stages before it run uint8 end to end."""
+    average pooling; the stages before it run uint8 end to end. None with 7-bit
+    activations (no int8 units): oneDNN's requantized codes would use all 8 bits."""
+    if activation_qmax() != 255:
+        return set()
     writes = {g for g in groups if g.requantizes and g.readers_qparams() is not None}
     changed = True
     while changed:
@@ -192,15 +202,33 @@ class Calibration:
             self._finish()
 
     def _finish(self) -> None:
+        """Fix the scales, decide which results travel as codes and build every int8
+        function, then switch all the groups at once. If any of that fails (a non-finite
+        range, a primitive refusing its scales), every group keeps its float32 form, with
+        one warning: a half-switched graph would hand codes to groups expecting floats."""
         if self.done:
             return
-        for g in self.groups:
-            g.fix_scales()
-        writes = decide_uint8(self.groups)
-        for g in self.groups:
-            g.finish(g.readers_qparams() if g in writes else None,
-                     g.sums and g.accum_from in writes)
+        try:
+            for g in self.groups:
+                g.fix_scales()
+            writes = decide_uint8(self.groups)
+            plans = [(g.readers_qparams() if g in writes else None,
+                      g.sums and g.accum_from in writes) for g in self.groups]
+            runs = [g.built(*plan) for g, plan in zip(self.groups, plans)]
+        except Exception as err:  # noqa: BLE001  (the graph still runs, in float32)
+            warnings.warn(f"opweave: int8 calibration failed ({type(err).__name__}: {err}); "
+                          f"the {len(self.groups)} int8 groups of this graph compute in "
+                          "float32", Int8Warning, stacklevel=4)
+            for g in self.groups:
+                g.switch(g.fp32)
+        else:
+            for g, run, plan in zip(self.groups, runs, plans):
+                g.switch(run, *plan)
         self.done = True
+
+
+class Int8Warning(UserWarning):
+    """int8 could not be applied where it was asked for; the graph computes in float32."""
 
 
 _session: ContextVar[dict | None] = ContextVar("opweave_int8_calibration", default=None)
@@ -210,11 +238,12 @@ _session: ContextVar[dict | None] = ContextVar("opweave_int8_calibration", defau
 def calibrating():
     """Calls made meanwhile (in this thread) calibrate the int8 groups they reach, also
     those of plans built during them; leaving without an error fixes their scales, and
-    they compute in int8 from then on."""
+    they compute in int8 from then on. Yields the calibrations reached (by id): empty
+    when the calls reached no int8 group still to calibrate."""
     session: dict = {}
     token = _session.set(session)
     try:
-        yield
+        yield session
     finally:
         _session.reset(token)
     for calibration in session.values():

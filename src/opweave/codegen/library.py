@@ -17,6 +17,7 @@ import re
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -24,6 +25,7 @@ import torch
 from .. import tune
 from ..ir import Graph
 from ..ir.graph import Node, Value
+from ..notices import warn_once
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
 from .. import shared_constants
@@ -83,17 +85,10 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
-    if int8.applies(precision, anchor.op) and _int8_fuses(anchor, ep):
-        if precision == "int8-dynamic":
-            found["onednn-int8"] = _int8_linear_dynamic(graph, anchor, ep, out_shape)
-        else:
-            # a linear layer adding a residual writes float32; a convolution summing into
-            # one writes the residual's type, uint8 where it arrives as codes
-            conv = anchor.op == "conv"
-            make = _int8_conv if conv else _int8_linear
-            found["onednn-int8"] = int8.Int8Group(
-                make(graph, anchor, ep, out_shape, inplace), found["onednn"],
-                requantizes=conv or ep.binary is None, sums=conv and ep.binary is not None)
+    if int8.applies(precision, anchor.op) and int8_supported() and _int8_fuses(anchor, ep):
+        form = _int8_form(graph, anchor, ep, out_shape, inplace, precision, found["onednn"])
+        if form is not None:
+            found["onednn-int8"] = form
     return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
 
 
@@ -215,6 +210,34 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     return conv
 
 
+def _int8_form(graph, anchor, ep, out_shape, inplace, precision, fp32):
+    """The group's int8 form, or None (with one warning) where it cannot be made: the
+    group then has its float32 forms only, and the rest of the graph is unaffected."""
+    try:
+        if precision == "int8-dynamic":
+            return _int8_linear_dynamic(graph, anchor, ep, out_shape)
+        # a linear layer adding a residual writes float32; a convolution summing into one
+        # writes the residual's type, uint8 where it arrives as codes
+        conv = anchor.op == "conv"
+        make = _int8_conv if conv else _int8_linear
+        return int8.Int8Group(make(graph, anchor, ep, out_shape, inplace), fp32,
+                              requantizes=conv or ep.binary is None,
+                              sums=conv and ep.binary is not None)
+    except Exception as err:  # noqa: BLE001  (this group stays float32)
+        warn_once(f"opweave: a {anchor.op} group ({', '.join(str(v.type) for v in anchor.inputs)}) "
+                  f"has no int8 form and computes in float32: {type(err).__name__}: {err}",
+                  int8.Int8Warning)
+        return None
+
+
+@lru_cache(maxsize=1)
+def int8_supported() -> bool:
+    """Whether torch has oneDNN's int8 primitives."""
+    return supports() and all(hasattr(torch.ops.onednn, op) for op in
+                              ("qlinear_pointwise", "qconv2d_pointwise", "qlinear_prepack",
+                               "qconv_prepack"))
+
+
 def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
     """Whether oneDNN's int8 primitive computes the whole group (its unary epilogue is one
     it fuses; a 2-D or 1-D convolution; a linear layer over rows)."""
@@ -232,7 +255,7 @@ def _int8_linear_parts(graph, anchor, ep):
     scales = shared_constants.derived("int8-scales-t", [w], (),
                                       lambda: quantize.weight_qparams(w.t())[1])
     packed = shared_constants.derived(
-        "qlinear-pack", [w], (_rows_hint(m),),
+        "qlinear-pack", [w], (m,),
         lambda: torch.ops.onednn.qlinear_prepack(quantize.weight_qparams(w.t())[0], [m, k]))
     bias = None
     if ep.bias is not None:
@@ -303,6 +326,7 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
         padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
     groups = a["groups"]
     scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
+    qweight = shared_constants.derived("int8-weight", [w], (), lambda: quantize.weight_qparams(w)[0])
     zero_points = torch.zeros(w.shape[0], dtype=torch.long)
     cl = torch.channels_last
 
@@ -313,7 +337,6 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
         return _shaped(y.squeeze(2) if one_d else y, out_shape)
 
     def build(scale, zero_point, out, accum):
-        qweight = quantize.weight_qparams(w)[0]
         packed = torch.ops.onednn.qconv_prepack(
             qweight.unsqueeze(2) if one_d else qweight, scales, scale, zero_point, stride,
             padding, dilation, groups, size)

@@ -124,10 +124,14 @@ def _cpuinfo() -> str:
 
 def tally(steps, precision: str = "bf16") -> tuple[int, int]:
     """(steps computing in `precision`, steps that could: products, convolutions and
-    attention for bf16; linear layers and convolutions for int8, linear layers for
-    int8-dynamic): what `explain` and the bench say of a compiled graph's precision."""
+    attention for bf16; library groups of linear layers and convolutions for int8, of
+    linear layers for int8-dynamic): what `explain` and the bench say of a compiled
+    graph's precision."""
     from .int8 import quantized_ops
 
-    ops = quantized_ops(precision) if precision.startswith("int8") else LOWERED_OPS
-    eligible = [s for s in steps if any(n.op in ops for n in s.nodes)]
+    if precision.startswith("int8"):  # only library groups (constant weights) quantize
+        eligible = [s for s in steps if s.kind == "library"
+                    and s.nodes[0].op in quantized_ops(precision)]
+    else:
+        eligible = [s for s in steps if any(n.op in LOWERED_OPS for n in s.nodes)]
     return sum(s.precision == precision for s in eligible), len(eligible)

@@ -38,7 +38,8 @@ def activation_qparams(low: float, high: float, qmax: int) -> tuple[float, int]:
     low, high = min(low, 0.0), max(high, 0.0)
     if high == low:  # only zeros seen
         return 1.0, 0
-    scale = (high - low) / qmax
+    # at least float32's epsilon (torch.ao's floor): a denormal range's 1 / scale is infinite
+    scale = max((high - low) / qmax, float(torch.finfo(torch.float32).eps))
     zero_point = int(min(qmax, max(0, round(-low / scale))))
     return scale, zero_point
 
@@ -71,8 +72,9 @@ extern "C" void ow_quantize_u8(void** argv) {
   const int64_t n = (int64_t)p[2];
   #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float v = std::rint(in[i] * inv) + zp;
-    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    // fmaxf/fminf return the other operand for a NaN: a NaN becomes code 0, never an
+    // undefined float-to-int conversion
+    float v = std::fminf(std::fmaxf(std::rint(in[i] * inv) + zp, 0.0f), qmax);
     out[i] = (uint8_t)(int32_t)v;
   }
 }
@@ -94,6 +96,9 @@ extern "C" void ow_quantize_u8_dynamic(void** argv) {
     hi = in[i] > hi ? in[i] : hi;
   }
   float scale = hi > lo ? (hi - lo) / qmax : 1.0f;
+  // as activation_qparams: at least float32's epsilon (a denormal range would make 1 / scale
+  // infinite), at most what keeps it finite
+  scale = std::isfinite(scale) ? std::fmaxf(scale, 1.1920929e-07f) : 3.4028235e38f / qmax;
   float zp = std::rint(-lo / scale);
   zp = zp < 0.0f ? 0.0f : (zp > qmax ? qmax : zp);
   scale_out[0] = scale;
@@ -101,8 +106,9 @@ extern "C" void ow_quantize_u8_dynamic(void** argv) {
   const float inv = 1.0f / scale;
   #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    float v = std::rint(in[i] * inv) + zp;
-    v = v < 0.0f ? 0.0f : (v > qmax ? qmax : v);
+    // fmaxf/fminf return the other operand for a NaN: a NaN becomes code 0, never an
+    // undefined float-to-int conversion
+    float v = std::fminf(std::fmaxf(std::rint(in[i] * inv) + zp, 0.0f), qmax);
     out[i] = (uint8_t)(int32_t)v;
   }
 }

@@ -218,16 +218,20 @@ class CompiledModel:
         """Calibrate a new int8 program (codegen/int8.py) on the calibration batches that are
         calls like this one (on the first compile every batch must be), else on this call."""
         calls = []
+        call_key = _key(self._binder.canonical(args, kwargs))[0]
         for i, (batch_args, batch_kwargs) in enumerate(self._calibration):
             canonical = self._binder.canonical(batch_args, batch_kwargs)
-            tensors = entry.spelling.tensors(canonical) if _key(canonical)[0] == key else None
-            problem = "" if tensors is not None else \
+            same = _key(canonical)[0] == call_key
+            tensors = entry.spelling.tensors(canonical) if same else None
+            problem = "" if same else \
                 "another argument structure or other non-tensor values than the example"
-            if tensors is not None and entry.dynamic is None:
-                try:
+            try:
+                if same and entry.dynamic is not None:
+                    problem = entry.dynamic.misfit(self.name, tensors)
+                elif same:
                     check_tensor_types(self.name, entry.types, tensors)
-                except InputError as err:
-                    problem = str(err)
+            except InputError as err:
+                problem = str(err)
             if not problem:
                 calls.append(tensors)
             elif strict:
@@ -455,9 +459,9 @@ def compile(model: torch.nn.Module, example_inputs: Sequence, *, name: str | Non
     options = Options.resolve(options, rewrite=rewrite, fusion=fusion,
                               memory_budget=memory_budget, precision=precision, device=device,
                               schedule=schedule)
-    if calibration is not None and options.precision != "int8":
-        raise ValueError(f"calibration= applies to precision='int8'; this compile's precision "
-                         f"is {options.precision!r}")
+    if calibration is not None and (train or options.precision != "int8"):
+        raise ValueError(f"calibration= applies to inference with precision='int8'; this "
+                         f"compile is {'a training step' if train else repr(options.precision)}")
     if train:
         from .training import TrainingModel
 

@@ -88,12 +88,17 @@ class OnnxModel:
         batches = list(batches)
         if not batches:
             raise ValueError(f"{self.label}: calibration= holds no batch; give at least one")
-        with torch.no_grad(), int8.calibrating():
+        with torch.no_grad(), int8.calibrating() as reached:
             for batch in batches:
                 if isinstance(batch, dict):
                     self(**batch)
                 else:
                     self(*batch)
+        if not reached:
+            warnings.warn(f"{self.label}: these batches calibrated nothing: no int8 group "
+                          "they reached was still to calibrate (none computes in int8, or an "
+                          "earlier call fixed their scales; scales are fixed once: load the "
+                          "model again to calibrate it anew)", int8.Int8Warning, stacklevel=2)
 
     # -- shapes --------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple[int, ...]]) -> dict[str, int]:
