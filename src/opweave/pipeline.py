@@ -210,7 +210,8 @@ class PassRun:
         executor = Executor(graph, steps=steps, native=self.options.native, device=device)
         quantized = [s.fn for s in steps or () if isinstance(s.fn, int8.Int8Group)]
         if quantized:
-            executor.calibration = int8.Calibration(quantized)
+            gathers = [s.fn for s in steps if isinstance(s.fn, int8.CodeGather)]
+            executor.calibration = int8.Calibration(quantized, gathers)
         if self.options.schedule != "sequential" and executor.native.mode != "off":
             from .schedule.concurrent import Staging
 

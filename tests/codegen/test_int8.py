@@ -36,9 +36,10 @@ def _rel_l2(got, reference) -> float:
 
 
 def _reference(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """The model in float64 (a copy: the model itself stays float32)."""
+    """The model in float64 (a copy: the model itself stays float32; integer inputs as
+    they are)."""
     with torch.no_grad():
-        return copy.deepcopy(model).double()(x.double())
+        return copy.deepcopy(model).double()(x.double() if x.is_floating_point() else x)
 
 
 def _steps(compiled):
@@ -511,3 +512,43 @@ def _conv_nodes(graph, count):
     shortcut = next(n for n in convs if n.inputs[1].type.shape[2:] == (1, 1))
     rest = [n for n in convs if n is not shortcut]
     return (*rest, shortcut)
+
+
+def test_an_embedding_read_only_by_int8_groups_gathers_codes():
+    """XML-CNN's pattern: rows of a constant table, transposed, into 1-D convolutions.
+    Once calibrated, the table is quantized at the convolutions' scale and the gather
+    reads codes, the same codes quantizing the gathered rows gives."""
+    torch.manual_seed(0)
+
+    class Text(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(100, 24)
+            self.convs = nn.ModuleList(nn.Conv1d(24, 8, w) for w in (2, 3))
+
+        def forward(self, tokens):
+            x = self.embedding(tokens).transpose(1, 2)
+            return torch.cat([F.relu(c(x)).amax(dim=2) for c in self.convs], dim=1)
+
+    model, tokens = Text().eval(), torch.randint(0, 100, (1, 40))
+    options = Options(measure=False, deterministic=True, precision="int8", native="wait")
+    with torch.no_grad():
+        compiled = opweave.compile(model, (tokens,), options=options)
+        python = compiled(tokens)
+        for _ in range(3):
+            compiled(tokens)
+        (graph,) = compiled.program.compiled_graphs
+        assert graph.executor.native.plan is not None, graph.executor.native.reason
+        replayed = compiled(tokens)
+        reference = _reference(model, tokens)
+        (gather,) = [s.fn for s in graph.executor.lowered_steps
+                     if isinstance(s.fn, int8.CodeGather)]
+        convs = [s.fn for s in graph.executor.lowered_steps if s.precision == "int8"]
+        assert len(convs) == 2 and convs[0].qparams == convs[1].qparams
+        index = tokens.reshape(-1)
+        (codes,) = gather(model.embedding.weight, index)
+        rows = model.embedding.weight[index]
+    assert codes.dtype == torch.uint8
+    assert torch.equal(codes, quantize.Quantizer(*convs[0].qparams)(rows))
+    assert torch.equal(python, replayed)
+    assert 10 * FP32_REL_L2 < _rel_l2(python, reference) < INT8_REL_L2

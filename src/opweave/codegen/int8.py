@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 
 from .precision import cpu_flags
-from .quantize import activation_qmax, activation_qparams
+from .quantize import Quantizer, activation_qmax, activation_qparams
 
 QUANTIZED_OPS = frozenset({"matmul", "conv"})
 # the ops each int8 precision quantizes: "int8-dynamic" only linear layers (as torch's
@@ -101,6 +101,7 @@ class Int8Group:
         self.accum_qparams: tuple[float, int] | None = None  # its residual's (`sums`)
         self.requantize: tuple[float, int] | None = None     # its readers' input qparams
         self.accum_in_uint8 = False
+        self.in_int8 = False  # ready and computing in int8 (not its float32 fallback)
         # set by `link_requantization`: the int8 groups reading its result and how
         # ("input" or "accum"), None where another step reads it; the group making its
         # residual, if one does
@@ -128,9 +129,10 @@ class Int8Group:
         return self.build(*self.qparams, requantize,
                           self.accum_qparams if accum_in_uint8 else None)
 
-    def switch(self, run: Callable, requantize=None, accum_in_uint8: bool = False) -> None:
+    def switch(self, run: Callable, requantize=None, accum_in_uint8: bool = False,
+               in_int8: bool = True) -> None:
         """Run `run` from now on: its int8 function, or its float32 form."""
-        self.requantize, self.accum_in_uint8 = requantize, accum_in_uint8
+        self.requantize, self.accum_in_uint8, self.in_int8 = requantize, accum_in_uint8, in_int8
         self._run, self.fp32, self.build = run, None, None
         self.state = "ready"
 
@@ -175,8 +177,8 @@ class Calibration:
     """The int8 groups of one executor, and whether they are calibrated. The executor
     hands a call here while they are not (`Executor.__call__`)."""
 
-    def __init__(self, groups: list[Int8Group]):
-        self.groups = groups
+    def __init__(self, groups: list[Int8Group], gathers: list[CodeGather] = ()):
+        self.groups, self.gathers = groups, list(gathers)
         self.done = False
         # calls before `done` one at a time: a group switching to int8 (and its producer
         # to writing uint8) while another thread's call runs the graph would mix the two
@@ -220,10 +222,12 @@ class Calibration:
                           f"the {len(self.groups)} int8 groups of this graph compute in "
                           "float32", Int8Warning, stacklevel=4)
             for g in self.groups:
-                g.switch(g.fp32)
+                g.switch(g.fp32, in_int8=False)
         else:
             for g, run, plan in zip(self.groups, runs, plans):
                 g.switch(run, *plan)
+            for gather in self.gathers:
+                gather.finish()
         self.done = True
 
 
@@ -250,13 +254,14 @@ def calibrating():
         calibration.finish()
 
 
-def link_requantization(steps, graph_outputs) -> int:
+def link_requantization(graph, steps) -> list[CodeGather]:
     """Record which int8 groups read each int8 group's result, and how: as their input
     (first operand) or as the residual a convolution sums into (second), directly or
     through single view ops; a result any other step reads, or a graph output, keeps
     `readers` None and stays float32. Also each summing group's residual maker.
     `decide_uint8` picks, once scales are known, which results travel as uint8 codes.
-    Returns the number of groups all of whose readers are int8 groups."""
+    A gather of rows from a constant table that only int8 groups read as their input
+    becomes a `CodeGather` (returned, for the executor's `Calibration`)."""
     readers: dict = {}
     made_by: dict = {}
     for step in steps:
@@ -264,7 +269,7 @@ def link_requantization(steps, graph_outputs) -> int:
             readers.setdefault(v, []).append((step, i))
         for v in step.outputs:
             made_by[v] = step
-    outputs = set(graph_outputs)
+    outputs = set(graph.outputs)
 
     def is_view(step) -> bool:
         return step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view
@@ -286,15 +291,58 @@ def link_requantization(steps, graph_outputs) -> int:
             step = made_by.get(step.inputs[0])
         return step.fn if step is not None and isinstance(step.fn, Int8Group) else None
 
-    linked = 0
+    gathers = []
     for step in steps:
         group = step.fn
-        if not isinstance(group, Int8Group):
+        if isinstance(group, Int8Group):
+            if group.sums:
+                group.accum_from = maker(step.inputs[1])
+            found: list = []
+            if len(step.outputs) == 1 and int8_uses(step.outputs[0], found):
+                group.readers = found
             continue
-        if group.sums:
-            group.accum_from = maker(step.inputs[1])
-        found: list = []
-        if len(step.outputs) == 1 and int8_uses(step.outputs[0], found):
-            group.readers = found
-            linked += 1
-    return linked
+        table = _gathered_table(graph, step)
+        found = []
+        if table is not None and int8_uses(step.outputs[0], found) \
+                and all(role == "input" for _, role in found):
+            step.fn = CodeGather(step.fn, table, [r for r, _ in found])
+            gathers.append(step.fn)
+    return gathers
+
+
+def _gathered_table(graph, step) -> torch.Tensor | None:
+    """The constant float32 table a step gathers whole rows of (`index_select` on dim 0:
+    an embedding), or None."""
+    if step.kind != "op" or len(step.nodes) != 1:
+        return None
+    node = step.nodes[0]
+    if node.op != "index_select" or node.attrs.get("dim") != 0:
+        return None
+    producer = node.inputs[0].producer
+    if producer is None or producer.op != "constant":
+        return None
+    table = graph.constants[producer.attrs["name"]]
+    return table if table.dtype == torch.float32 and table.dim() == 2 else None
+
+
+class CodeGather:
+    """An embedding (rows gathered from a constant table) read only by int8 groups as
+    their input. Once their scale is fixed, the table is quantized once at it, and the
+    step gathers codes: the very codes quantizing the gathered rows would give (both are
+    elementwise), a quarter of the bytes, and the readers quantize nothing."""
+
+    def __init__(self, fn: Callable, table: torch.Tensor, readers: list[Int8Group]):
+        self.fn, self.table, self.readers = fn, table, readers
+        self.codes: torch.Tensor | None = None
+
+    def finish(self) -> None:
+        """Gather codes if every reader computes in int8 at one scale (else float32 rows,
+        which the readers quantize themselves: the same result)."""
+        found = {r.qparams for r in self.readers}
+        if len(found) == 1 and all(r.in_int8 for r in self.readers):
+            self.codes = Quantizer(*found.pop())(self.table.contiguous())
+
+    def __call__(self, table, index):
+        if self.codes is None:
+            return self.fn(table, index)
+        return [torch.index_select(self.codes, 0, index)]

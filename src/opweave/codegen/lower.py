@@ -154,7 +154,7 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
     elif precision == "int8":  # (dynamic quantization measures each call's range itself)
-        int8.link_requantization(lowered.steps, graph.outputs)
+        int8.link_requantization(graph, lowered.steps)
     return lowered
 
 
