@@ -161,19 +161,26 @@ def _linear(graph, anchor, ep, out_shape, low=False):
     return lambda x: [_shaped(op(x, packed, bias, attr, scalars, algorithm), out_shape)]
 
 
-def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
-    """A 2-D convolution, or a 1-D one run as 2-D over a height of 1 (oneDNN packs only
-    2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
-    already, so it is read in place where torch's conv1d would copy it."""
+def _as_2d(anchor: Node):
+    """(one_d, input size, padding, stride, dilation) of a convolution as oneDNN runs it:
+    a 1-D one as 2-D over a height of 1."""
     a = anchor.attrs
-    bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
     size = list(anchor.inputs[0].type.shape)
     padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
     one_d = len(size) == 3
     if one_d:
         size = size[:2] + [1] + size[2:]
         padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
-    geometry = (padding, stride, dilation, a["groups"])
+    return one_d, size, padding, stride, dilation
+
+
+def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
+    """A 2-D convolution, or a 1-D one run as 2-D over a height of 1 (oneDNN packs only
+    2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
+    already, so it is read in place where torch's conv1d would copy it."""
+    bias = _weight(graph, anchor.inputs[2], low).contiguous() if len(anchor.inputs) > 2 else None
+    one_d, size, padding, stride, dilation = _as_2d(anchor)
+    geometry = (padding, stride, dilation, anchor.attrs["groups"])
     packed = _packed("conv-pack", graph, anchor.inputs[1], low,
                      (one_d, *map(tuple, geometry[:3]), geometry[3], tuple(size)),
                      lambda weight: torch.ops.mkldnn._reorder_convolution_weight(
@@ -314,17 +321,11 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
     residual add, oneDNN sums into an accumulator: the residual itself where it is dead
     after the group (`inplace`), else a copy of it; float32, or uint8 codes at `accum`
     (then the result is uint8 codes at `out`)."""
-    a = anchor.attrs
     w = constant_of(graph, anchor.inputs[1])
     bias = constant_of(graph, anchor.inputs[2]).float().contiguous() \
         if len(anchor.inputs) > 2 else None
-    size = list(anchor.inputs[0].type.shape)
-    padding, stride, dilation = a["padding"], a["stride"], a["dilation"]
-    one_d = len(size) == 3
-    if one_d:
-        size = size[:2] + [1] + size[2:]
-        padding, stride, dilation = [0] + padding, [1] + stride, [1] + dilation
-    groups = a["groups"]
+    one_d, size, padding, stride, dilation = _as_2d(anchor)
+    groups = anchor.attrs["groups"]
     scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
     qweight = shared_constants.derived("int8-weight", [w], (), lambda: quantize.weight_qparams(w)[0])
     zero_points = torch.zeros(w.shape[0], dtype=torch.long)
