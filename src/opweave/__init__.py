@@ -7,6 +7,7 @@ Public API:
     opweave.to_onnx(graph, "out.onnx")      -> the IR graph written back as ONNX
     opweave.profile(compiled, inputs)       -> where the time goes (table, trace, HTML)
     opweave.horizontal([m1, ..., mN])       -> N instances of one model fused into one (HFTA)
+    opweave.calibrating()                   -> calls inside calibrate int8 models
     torch.compile(model, backend="opweave") works without importing opweave.
 """
 from __future__ import annotations
@@ -126,6 +127,21 @@ def to_onnx(graph, path=None):
     from .onnx.export import export
 
     return export(graph, path)
+
+
+def calibrating():
+    """A context manager: calls of int8 models made inside it calibrate them (every call's
+    activation ranges count), and leaving it fixes their scales. For models compiled
+    without calibration batches, such as `torch.compile(m, backend="opweave",
+    options={"precision": "int8"})`, which otherwise calibrate on their first call:
+
+        with opweave.calibrating():
+            for batch in batches:
+                compiled(batch)
+    """
+    from .codegen.int8 import calibrating as _calibrating
+
+    return _calibrating()
 
 
 def backend(gm, example_inputs, **options):

@@ -552,3 +552,26 @@ def test_an_embedding_read_only_by_int8_groups_gathers_codes():
     assert torch.equal(codes, quantize.Quantizer(*convs[0].qparams)(rows))
     assert torch.equal(python, replayed)
     assert 10 * FP32_REL_L2 < _rel_l2(python, reference) < INT8_REL_L2
+
+
+def test_calls_inside_opweave_calibrating_calibrate_a_torch_compile_model(monkeypatch):
+    """Every call inside the context counts toward the ranges; scales are fixed on
+    leaving it, so the calls after it run in int8 at the ranges of all of them."""
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")
+    model = _cnn()
+    batches = [torch.randn(1, 3, 8, 8) * s for s in (1.0, 3.0, 0.5)]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="opweave", options={"precision": "int8"})
+    with torch.no_grad():
+        with opweave.calibrating() as reached:
+            inside = [compiled(b) for b in batches]
+        assert len(reached) == 1
+        after = compiled(batches[1])  # the widest batch: the one the ranges fit best
+        reference = _reference(model, batches[1])
+    torch.testing.assert_close(inside[0], model(batches[0]), rtol=1e-5, atol=1e-5)  # float32
+    assert 10 * FP32_REL_L2 < _rel_l2(after, reference) < INT8_REL_L2
+    (calibration,) = reached.values()
+    first = calibration.groups[0]
+    low = min(float(b.min()) for b in batches)
+    high = max(float(b.max()) for b in batches)
+    assert first.qparams == quantize.activation_qparams(low, high, quantize.activation_qmax())
