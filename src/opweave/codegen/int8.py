@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from .. import shared_constants
 from .precision import cpu_flags
 from .quantize import Quantizer, activation_qmax, activation_qparams
 
@@ -340,7 +341,11 @@ class CodeGather:
         which the readers quantize themselves: the same result)."""
         found = {r.qparams for r in self.readers}
         if len(found) == 1 and all(r.in_int8 for r in self.readers):
-            self.codes = Quantizer(*found.pop())(self.table.contiguous())
+            qparams = found.pop()
+            # one codes table for the plans of a sharing scope (one per size) at one scale
+            self.codes = shared_constants.derived(
+                "int8-codes", [self.table], qparams,
+                lambda: Quantizer(*qparams)(self.table.contiguous()))
 
     def __call__(self, table, index):
         if self.codes is None:
