@@ -203,7 +203,7 @@ class CompiledModel:
                          options=self._options, dynamic_shapes=dynamic_shapes, strict=first)
         entry.spelling = self._binder.spelling(args, kwargs)
         if entry.program is not None and self._options.precision == "int8":
-            self._calibrate(entry, key, args, kwargs, strict=first)
+            self._calibrate(entry, args, kwargs, strict=first)
         self._cache[key] = entry
         self._cache.move_to_end(key)
         if len(self._cache) > MAX_SPECIALIZATIONS:
@@ -213,7 +213,7 @@ class CompiledModel:
                             f"one costs a compile", OpweaveFallbackWarning)
         return entry
 
-    def _calibrate(self, entry: _Specialization, key, args: tuple, kwargs: dict,
+    def _calibrate(self, entry: _Specialization, args: tuple, kwargs: dict,
                    strict: bool) -> None:
         """Calibrate a new int8 program (codegen/int8.py) on the calibration batches that are
         calls like this one (on the first compile every batch must be), else on this call."""
