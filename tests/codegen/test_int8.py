@@ -575,3 +575,34 @@ def test_calls_inside_opweave_calibrating_calibrate_a_torch_compile_model(monkey
     low = min(float(b.min()) for b in batches)
     high = max(float(b.max()) for b in batches)
     assert first.qparams == quantize.activation_qparams(low, high, quantize.activation_qmax())
+
+
+def test_a_1x1_convolution_runs_as_an_int8_gemm_on_codes(monkeypatch):
+    """The GEMM form of a 1x1 convolution (chosen here whatever is faster on this machine)
+    reads the codes the convolution before it writes, and matches the float64 simulation."""
+    chosen = []
+
+    def prefer_gemm(key, candidates, inputs, rounds=7, work=0.0):
+        chosen.append(next(c for c in ("onednn-int8-gemm", "onednn-int8", "onednn",
+                                       "reference") if c in candidates))
+        return chosen[-1], 1e-3
+    monkeypatch.setattr(library, "choose", prefer_gemm)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 24, 1),
+                          nn.ReLU()).eval()
+    x = torch.randn(1, 8, 10, 10)
+    options = Options(measure=True, deterministic=True, precision="int8", native="off",
+                      tuning_db=None)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=options)
+        got = compiled(x)
+        first, second = [s for s in _steps(compiled) if s.precision == "int8"]
+        h = F.relu(F.conv2d(_fake_quant(x, first.fn.qparams), _fake_quant_weight(model[0].weight),
+                            model[0].bias.double(), padding=1))
+        want = F.relu(F.conv2d(_fake_quant(h, second.fn.qparams),
+                               _fake_quant_weight(model[2].weight), model[2].bias.double()))
+    assert "onednn-int8-gemm" in chosen  # offered for the 1x1 convolution, and so taken
+    assert second.name == "conv+relu [int8]"
+    assert first.fn.requantize == second.fn.qparams  # the GEMM reads codes
+    assert isinstance(second.fn, int8.Int8Group) and second.fn.in_int8
+    assert _rel_l2(got, want) < 1e-5

@@ -233,7 +233,7 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if kind == "library" and prec.applies(precision, nodes[0].op):
         name += f" [{precision}]"
         computes_in = precision
-    if chosen == "onednn-int8":
+    if chosen.startswith("onednn-int8"):
         name += f" [{precision}]"
         computes_in = precision
     overwrites = None
