@@ -66,7 +66,9 @@ def other_batches(bench: BenchmarkModel, count: int = 4) -> list[tuple]:
     generator = torch.Generator().manual_seed(7)
 
     def like(x):
-        if not (isinstance(x, torch.Tensor) and x.is_floating_point() and x.layout == torch.strided):
+        dense_float = isinstance(x, torch.Tensor) and x.is_floating_point() \
+            and x.layout == torch.strided
+        if not dense_float:
             return x
         noise = torch.randn(x.shape, generator=generator, dtype=x.dtype)
         return noise * x.std() + x.mean() if x.numel() > 1 else x.clone()

@@ -564,7 +564,8 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "opweave-dynamo-bf16": {INFER: _infer_opweave_dynamo_bf16,
                             TRAIN: _inference_only("precision bf16")},
     # int8 by the user's choice (`opweave bench --precision int8`), held to int8's tolerance
-    "onnxruntime-int8": {INFER: _infer_onnxruntime_int8, TRAIN: _inference_only("ONNX Runtime int8")},
+    "onnxruntime-int8": {INFER: _infer_onnxruntime_int8,
+                         TRAIN: _inference_only("ONNX Runtime int8")},
     "opweave-int8": {INFER: _infer_opweave_int8, TRAIN: _inference_only("precision int8")},
     "opweave-dynamic-int8": {INFER: _infer_opweave_dynamic_int8,
                              TRAIN: _inference_only("precision int8-dynamic")},

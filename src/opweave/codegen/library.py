@@ -235,9 +235,9 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
                 _int8_conv_as_linear(graph, anchor, ep, out_shape), fp32, requantizes=True)
         return forms
     except Exception as err:  # noqa: BLE001  (this group stays float32)
-        warn_once(f"opweave: a {anchor.op} group ({', '.join(str(v.type) for v in anchor.inputs)}) "
-                  f"has no int8 form and computes in float32: {type(err).__name__}: {err}",
-                  int8.Int8Warning)
+        types = ", ".join(str(v.type) for v in anchor.inputs)
+        warn_once(f"opweave: a {anchor.op} group ({types}) has no int8 form and computes in "
+                  f"float32: {type(err).__name__}: {err}", int8.Int8Warning)
         return {}
 
 
