@@ -258,6 +258,18 @@ def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
     return rank == 2 if anchor.op == "matmul" else rank in (3, 4)
 
 
+def _int8_output(out) -> tuple[float, int, torch.dtype | None]:
+    """oneDNN's (output scale, zero point, dtype) for an int8 product: float32, or uint8
+    codes at `out` = (scale, zero point)."""
+    return (1.0, 0, torch.float32) if out is None else (*out, None)
+
+
+def _conv_bias(graph, anchor) -> torch.Tensor | None:
+    """A convolution's constant bias in float32, as the int8 primitives read it."""
+    return constant_of(graph, anchor.inputs[2]).float().contiguous() \
+        if len(anchor.inputs) > 2 else None
+
+
 def _int8_linear_parts(graph, anchor, ep):
     """(rows, columns, packed int8 weight, its scales, zero points, bias) of a linear group."""
     m, k = anchor.inputs[0].type.shape
@@ -283,7 +295,7 @@ def _int8_linear(graph, anchor, ep, out_shape, inplace=False):
 
     def build(scale, zero_point, out, accum):
         to_codes = quantize.Quantizer(scale, zero_point)
-        o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
+        o_scale, o_zp, o_dtype = _int8_output(out)
         if ep.binary is not None:
             op = torch.ops.onednn.qlinear_pointwise.binary
             return lambda x, other: [_shaped(op(
@@ -311,14 +323,13 @@ def _int8_conv_as_linear(graph, anchor, ep, out_shape):
         lambda: torch.ops.onednn.qlinear_prepack(
             quantize.weight_qparams(weight)[0].reshape(o, c), [h * w, c]))
     zero_points = torch.zeros(o, dtype=torch.long)
-    bias = constant_of(graph, anchor.inputs[2]).float().contiguous() \
-        if len(anchor.inputs) > 2 else None
+    bias = _conv_bias(graph, anchor)
     attr, scalars, algorithm = _unary(ep)
     op = torch.ops.onednn.qlinear_pointwise.default
 
     def build(scale, zero_point, out, accum):
         to_codes = quantize.Quantizer(scale, zero_point)
-        o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
+        o_scale, o_zp, o_dtype = _int8_output(out)
 
         def gemm(x):
             rows = to_codes(x).permute(0, 2, 3, 1).reshape(h * w, c)  # a view if channels-last
@@ -358,8 +369,7 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
     after the group (`inplace`), else a copy of it; float32, or uint8 codes at `accum`
     (then the result is uint8 codes at `out`)."""
     w = constant_of(graph, anchor.inputs[1])
-    bias = constant_of(graph, anchor.inputs[2]).float().contiguous() \
-        if len(anchor.inputs) > 2 else None
+    bias = _conv_bias(graph, anchor)
     one_d, size, padding, stride, dilation = _as_2d(anchor)
     groups = anchor.attrs["groups"]
     scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
@@ -378,7 +388,7 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
             qweight.unsqueeze(2) if one_d else qweight, scales, scale, zero_point, stride,
             padding, dilation, groups, size)
         to_codes = quantize.Quantizer(scale, zero_point)
-        o_scale, o_zp, o_dtype = (1.0, 0, torch.float32) if out is None else (*out, None)
+        o_scale, o_zp, o_dtype = _int8_output(out)
         if ep.binary is not None:
             op = torch.ops.onednn.qconv2d_pointwise.binary
             unary = ep.unary.op if ep.unary is not None else "none"

@@ -19,6 +19,9 @@ from . import build
 from .precision import cpu_flags
 
 
+_EPS = float(torch.finfo(torch.float32).eps)  # the smallest scale (the kernels' 1.1920929e-07f)
+
+
 def has_int8_units(cpuinfo: str | None = None) -> bool:
     """Whether the CPU multiplies u8 x s8 into 32 bits (VNNI or AMX) without saturating."""
     return bool(cpu_flags(cpuinfo) & {"avx512_vnni", "avx_vnni", "amx_int8"})
@@ -39,7 +42,7 @@ def activation_qparams(low: float, high: float, qmax: int) -> tuple[float, int]:
     if high == low:  # only zeros seen
         return 1.0, 0
     # at least float32's epsilon (torch.ao's floor): a denormal range's 1 / scale is infinite
-    scale = max((high - low) / qmax, float(torch.finfo(torch.float32).eps))
+    scale = max((high - low) / qmax, _EPS)
     zero_point = int(min(qmax, max(0, round(-low / scale))))
     return scale, zero_point
 
@@ -197,7 +200,8 @@ class DynamicQuantizer:
         if kernels is None or not _dense(x):
             low, high = torch.aminmax(x)
             low, high = low.clamp(max=0.0), high.clamp(min=0.0)
-            scale = torch.where(high > low, (high - low) / self.qmax, torch.ones_like(high))
+            scale = torch.where(high > low, ((high - low) / self.qmax).clamp(min=_EPS),
+                                torch.ones_like(high))
             zero_point = torch.round(-low / scale).clamp(0, self.qmax).to(torch.int64)
             codes = torch.clamp(torch.round(x / scale) + zero_point, 0, self.qmax)
             return codes.to(torch.uint8), scale, zero_point
