@@ -48,3 +48,23 @@ def test_bf16_is_refused_for_training_steps_with_the_reason(capsys):
     assert "training steps compute in float32" in capsys.readouterr().err
     assert main(["bench", "--mode", "train", "--precision", "bf16", "--no-progress"]) == 2
     assert "training steps compute in float32" in capsys.readouterr().err
+
+
+def test_the_cli_knows_every_precision_the_compiler_does():
+    from opweave.cli import COMPILE_PRECISIONS
+    from opweave.options import PRECISIONS
+
+    assert COMPILE_PRECISIONS == PRECISIONS
+
+
+def test_profile_compiles_in_the_precision_asked_for(capsys, monkeypatch):
+    # whether a group then computes in bf16 is measured per machine; the flag's job is to ask
+    from opweave.frontends import torch_export
+
+    asked = []
+    real = torch_export.compile
+    monkeypatch.setattr(torch_export, "compile",
+                        lambda *a, **kw: asked.append(kw["precision"]) or real(*a, **kw))
+    assert main(["profile", "xmlcnn", "--small", "--precision", "bf16", "--runs", "2",
+                 "--warmup", "1"]) == 0
+    assert asked == ["bf16"] and "opweave profile of xmlcnn" in capsys.readouterr().out

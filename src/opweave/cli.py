@@ -4,6 +4,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+# options.PRECISIONS, spelled out so parsing the command line imports no compiler
+# (tests/test_cli.py checks that the two agree)
+COMPILE_PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
+
 
 def _explain(args) -> int:
     from . import models
@@ -313,13 +317,14 @@ def _profile(args) -> int:
         bench = models.build(args.model, small=args.small)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # what ran in eager is in the profile's rows
-            compiled = compile_model(bench.module.eval(), bench.inputs, name=args.model)
+            compiled = compile_model(bench.module.eval(), bench.inputs, name=args.model,
+                                     precision=args.precision)
         inputs = list(bench.inputs)
     elif os.path.isfile(args.model):
         from .onnx.cli import load_inputs, parse_dims
         from .onnx.model import from_onnx
 
-        compiled = from_onnx(args.model)
+        compiled = from_onnx(args.model, precision=args.precision)
         arrays = load_inputs(compiled, args.input, parse_dims(args.dim), args.seed,
                              random_missing=True)
         inputs = [torch.from_numpy(arrays[n]) for n in compiled.input_names]
@@ -348,6 +353,9 @@ def _add_profile_parser(sub) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--top", type=int, default=15, help="rows per table")
+    p.add_argument("--precision", choices=COMPILE_PRECISIONS, default=None,
+                   help="profile the model compiled in this precision (default: fp32, or "
+                        "$OPWEAVE_PRECISION; int8 calibrates on the warm-up calls)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
     p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     p.add_argument("--input", "-i", action="append", metavar="[NAME=]FILE",
@@ -398,7 +406,7 @@ def main(argv=None) -> int:
     p.add_argument("--memory-budget", type=float, default=None, metavar="B",
                    help="the training step under a memory budget: a fraction of the "
                         "unconstrained peak (0 < B <= 1) or bytes (B > 1); implies --train")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8", "int8-dynamic"), default=None,
+    p.add_argument("--precision", choices=COMPILE_PRECISIONS, default=None,
                    help="inference in this precision (default: fp32, or $OPWEAVE_PRECISION); "
                         "bf16 and int8 say how many steps run in it, on which units (int8 "
                         "calibrates on the example inputs)")
