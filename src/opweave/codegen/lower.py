@@ -302,25 +302,30 @@ def _build(pending, lowered: Lowered) -> None:
     for unit, lib in zip(units, libs):
         lib.ow_set_threads(torch.get_num_threads())
         for n in unit:
-            fn = getattr(lib, n)
-            fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-            fn.restype = None
-            functions[n] = fn
+            for name in (n, unique[n].channels_last_name):
+                if name is not None:
+                    fn = getattr(lib, name)
+                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                    fn.restype = None
+                    functions[name] = fn
     for step, src in pending:
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
-        step.fn = CppKernel(functions[src.name], src, fallback)
+        step.fn = CppKernel(functions[src.name], src, fallback,
+                            functions.get(src.channels_last_name))
 
 
 class CppKernel:
     """Calls one generated kernel: allocates its outputs, passes contiguous inputs. A
     layout-free kernel given inputs that share one dense layout (channels-last
-    activations) runs in that layout and writes its outputs in it, copying nothing."""
+    activations) runs in that layout and writes its outputs in it, copying nothing; a
+    kernel with a channels-last variant runs that on channels-last inputs."""
 
     # runtime.native sets this while it records a call: told each kernel's address and
     # pointer arguments, so the native plan can call the kernel itself
     recording: Callable | None = None
 
-    def __init__(self, fn, src: KernelSource, fallback: Callable | None = None):
+    def __init__(self, fn, src: KernelSource, fallback: Callable | None = None,
+                 channels_last_fn=None):
         self.fn = fn
         self.fallback = fallback  # for inputs that are not contiguous, if given
         self.source = src  # what the profiler shows of it
@@ -328,19 +333,29 @@ class CppKernel:
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
         self.layout_free = src.layout_free
+        # the same kernel for a channels-last input (its outputs row-major), if it has one
+        self.channels_last = (None if channels_last_fn is None else
+                              (channels_last_fn, ctypes.cast(channels_last_fn, ctypes.c_void_p).value))
 
     def __call__(self, *inputs):
-        if self.fallback is not None and not all(x.is_contiguous() for x in inputs):
-            return self.fallback(*inputs)
-        if self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
+        fn, address = self.fn, self.address
+        if not all(x.is_contiguous() for x in inputs):
+            if self.channels_last is not None and _same_dense_layout(inputs):
+                fn, address = self.channels_last
+            elif self.fallback is not None:
+                return self.fallback(*inputs)
+        if fn is not self.fn:
+            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
+            ins = inputs
+        elif self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
             outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in self.out_types]
             ins = inputs
         else:
             outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
             ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
         if CppKernel.recording is not None:
-            CppKernel.recording(self.address, [*outs, *ins])
-        self.fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
+            CppKernel.recording(address, [*outs, *ins])
+        fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
         return outs
 
 

@@ -43,6 +43,8 @@ class KernelSource:
     # a kernel that only pays on dense row-major inputs: other layouts run its nodes as
     # torch ops instead of copying (what CppKernel does for the others)
     contiguous_only: bool = False
+    # a second function in `body`, for a channels-last 4-D input, writing the same output
+    channels_last_name: str | None = None
 
 
 class GroupEmitter:

@@ -17,6 +17,7 @@ from ..ir import Node
 from .render import KernelSource
 
 PARALLEL_ROWS = 256  # (batch x channel) rows below which the kernel runs on one thread
+MAX_STACK_CHANNELS = 4096  # the channels-last kernel keeps 5 bytes per channel on the stack
 
 
 def _windows(size: int, out: int) -> tuple[list[int], list[int]]:
@@ -67,12 +68,60 @@ def adaptive_max_pool(node: Node) -> KernelSource | None:
         "    }",
         "  }",
     ]
-    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    cl_lines = _channels_last_pool(lead, height, width, oh, ow, hs, he, ws, we)
+    digest = hashlib.sha256("\n".join(lines + cl_lines).encode()).hexdigest()[:16]
     name = f"ow_p_{digest}"
     body = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
     line = next(i for i, text in enumerate(body.splitlines(), 1) if "o[i *" in text)
-    # torch's own kernel is quicker on channels-last input than a copy and this loop
-    return KernelSource(name, body, [x], [y], False, {node: line}, contiguous_only=True)
+    cl_name = None
+    if cl_lines:
+        cl_name = f"{name}_cl"
+        body += f'extern "C" void {cl_name}(void** args) {{\n' + "\n".join(cl_lines) + "\n}\n"
+    # other layouts run torch's kernel: quicker than a copy and this loop
+    return KernelSource(name, body, [x], [y], False, {node: line}, contiguous_only=True,
+                        channels_last_name=cl_name)
+
+
+def _channels_last_pool(lead, height, width, oh, ow, hs, he, ws, we) -> list[str]:
+    """The body of the same pooling over a channels-last [N, C, H, W] input (a 1-D
+    convolution's output run as 2-D is one: XML-CNN's), writing the same row-major output.
+    Each window's pixels are read as rows of C channels, its maxima kept per channel, so
+    the inner loop runs over contiguous channels. Empty for inputs that are not 4-D, and
+    for channel counts whose per-channel maxima would not fit the stack comfortably."""
+    if len(lead) != 2 or lead[1] > MAX_STACK_CHANNELS:
+        return []
+    n, c = lead
+    windows = n * oh * ow
+    parallel = (["  #pragma omp parallel for num_threads(ow_team())"]
+                if n * c >= PARALLEL_ROWS and windows > 1 else [])
+    return [
+        "  float* __restrict out = (float*)args[0];",
+        "  const float* __restrict in = (const float*)args[1];",
+        f"  static const int64_t hs[{oh}] = {{{', '.join(map(str, hs))}}};",
+        f"  static const int64_t he[{oh}] = {{{', '.join(map(str, he))}}};",
+        f"  static const int64_t ws[{ow}] = {{{', '.join(map(str, ws))}}};",
+        f"  static const int64_t we[{ow}] = {{{', '.join(map(str, we))}}};",
+        *parallel,
+        f"  for (int64_t k = 0; k < {windows}; ++k) {{",
+        f"    const int64_t b = k / {oh * ow}, i = (k / {ow}) % {oh}, j = k % {ow};",
+        f"    const float* image = in + b * {height * width * c};",
+        f"    float m[{c}];",
+        f"    unsigned char nan[{c}];",
+        f"    for (int64_t ch = 0; ch < {c}; ++ch) {{ m[ch] = -INFINITY; nan[ch] = 0; }}",
+        "    for (int64_t h = hs[i]; h < he[i]; ++h) {",
+        "      for (int64_t w = ws[j]; w < we[j]; ++w) {",
+        f"        const float* pixel = image + (h * {width} + w) * {c};",
+        "        #pragma omp simd",
+        f"        for (int64_t ch = 0; ch < {c}; ++ch) {{",
+        "          m[ch] = pixel[ch] > m[ch] ? pixel[ch] : m[ch];",
+        "          nan[ch] |= pixel[ch] != pixel[ch];",
+        "        }",
+        "      }",
+        "    }",
+        f"    float* o = out + b * {c * oh * ow} + i * {ow} + j;",
+        f"    for (int64_t ch = 0; ch < {c}; ++ch) o[ch * {oh * ow}] = nan[ch] ? NAN : m[ch];",
+        "  }",
+    ]
 
 
 TEMPLATES = (adaptive_max_pool,)
