@@ -503,6 +503,61 @@ def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8():
     assert 10 * FP32_REL_L2 < _rel_l2(python, _reference(model, x)) < INT8_REL_L2
 
 
+def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes():
+    """A convolution reading another's (ReLU'd or summed) result reads codes once
+    calibrated, so its int8 form is timed on codes, not on float32 it would quantize;
+    the stem reads the graph's input, a linear layer after a layer norm its float32."""
+    model, x = _TwoBlocks().eval(), torch.randn(1, 3, 10, 10)
+    options = Options(measure=False, deterministic=True, precision="int8", native="off")
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=options)
+    (graph,) = compiled.program.compiled_graphs
+    stem, a1, a2, b1, b2, shortcut = _conv_nodes(graph, 6)
+    assert not int8.arrives_as_codes(stem.inputs[0])
+    assert all(int8.arrives_as_codes(n.inputs[0]) for n in (a1, a2, b1, b2, shortcut))
+    norm = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8)).eval()
+    with torch.no_grad():
+        compiled = opweave.compile(norm, (torch.randn(4, 8),), options=options)
+    first, second = [n for n in compiled.program.compiled_graphs[0].graph.nodes
+                     if n.op == "matmul"]
+    assert not int8.arrives_as_codes(first.inputs[0])
+    assert not int8.arrives_as_codes(second.inputs[0])  # a layer norm's result
+
+    built = []
+
+    def build(scale, zero_point, out, accum):
+        built.append((out, accum))
+        return lambda x, residual: [residual]
+
+    group = int8.Int8Group(build, None, requantizes=True, sums=True, codes_in=True,
+                           codes_accum=True)
+    image = torch.randn(1, 4, 3, 3).contiguous(memory_format=torch.channels_last)
+    codes, residual = group.measured_args([image, torch.randn(1, 4, 3, 3)])
+    assert codes.dtype == residual.dtype == torch.uint8
+    assert codes.is_contiguous(memory_format=torch.channels_last)
+    assert group(codes, residual)[0].dtype == torch.uint8  # a residual of codes: codes out
+    assert group(image, torch.randn(1, 4, 3, 3))[0].dtype == torch.float32
+    provisional = int8._PROVISIONAL
+    assert built == [(provisional, provisional), (None, None)]
+
+    seen = {}
+    candidates = {"plain": lambda a: seen.setdefault("plain", a.dtype),
+                  "int8": _Measured(lambda a: seen.setdefault("int8", a.dtype))}
+    library.measure(candidates, [torch.randn(2, 2)], rounds=1)
+    assert seen == {"plain": torch.float32, "int8": torch.uint8}
+
+
+class _Measured:
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args):
+        return self.fn(*args)
+
+    def measured_args(self, args):
+        return [a.to(torch.uint8) for a in args]
+
+
 def _conv_nodes(graph, count):
     """The convolution nodes of a compiled graph's steps in the order of the model's
     layers (stem, a1, a2, b1, b2, shortcut): by their weight's shape and the step order."""
@@ -545,6 +600,9 @@ def test_an_embedding_read_only_by_int8_groups_gathers_codes():
                      if isinstance(s.fn, int8.CodeGather)]
         convs = [s.fn for s in graph.executor.lowered_steps if s.precision == "int8"]
         assert len(convs) == 2 and convs[0].qparams == convs[1].qparams
+        # so their int8 forms were measured on codes
+        assert all(int8.arrives_as_codes(s.nodes[0].inputs[0])
+                   for s in graph.executor.lowered_steps if s.precision == "int8")
         index = tokens.reshape(-1)
         (codes,) = gather(model.embedding.weight, index)
         rows = model.embedding.weight[index]

@@ -20,7 +20,9 @@ each executor with such groups. Calls made inside `calibrating()` calibrate (wha
 example inputs), and a graph called before any calibration (a plan built for new sizes,
 a torch.compile graph) calibrates on its first call. The measured choice between the
 int8 and the float32 form is made at compile time with provisional scales (the time does
-not depend on them), as every library choice is.
+not depend on them), as every library choice is. The int8 form is measured as it will
+run: on uint8 codes where its input (or residual) is made by another product that may
+write them (`arrives_as_codes`), else on float32 it quantizes itself.
 """
 from __future__ import annotations
 
@@ -43,6 +45,53 @@ _OPS_OF = {"int8": QUANTIZED_OPS, "int8-dynamic": frozenset({"matmul"})}
 # unary epilogues oneDNN fuses into an int8 product, per anchor op
 FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh"}), "conv": frozenset({"relu"})}
 _PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before calibration
+
+
+# ops a product's fused epilogue may end in (what the next group reads is their result)
+_EPILOGUE_OPS = frozenset({"relu", "gelu", "tanh", "add"})
+
+
+def arrives_as_codes(v) -> bool:
+    """Whether an int8 group's operand `v` may arrive as uint8 codes: it is made, through
+    views, by a linear layer or convolution with a constant weight, or by the epilogue of
+    one (bias, activation, residual add), which then writes codes wherever all its readers
+    are int8 groups (`decide_uint8`); or it is rows gathered from a constant table
+    (`CodeGather`). Structural, so the choice it informs is the same whatever was chosen
+    for the producer: ResNet's and XML-CNN's convolutions read codes, BERT's products
+    after a layer norm and GCN's on its input features read float32."""
+    return _made_by_product(v, depth=3)
+
+
+def _made_by_product(v, depth: int) -> bool:
+    p = _through_views(v)
+    if p is None:
+        return False
+    if p.op in QUANTIZED_OPS:
+        return len(p.inputs) > 1 and _constant(p.inputs[1])
+    if p.op == "index_select":
+        return p.attrs.get("dim") == 0 and _constant(p.inputs[0])
+    return depth > 0 and p.op in _EPILOGUE_OPS and any(
+        _made_by_product(u, depth - 1) for u in p.inputs)
+
+
+def _through_views(v):
+    """The node making `v`, past view ops; None for a graph input."""
+    p = v.producer
+    while p is not None and p.opdef.is_view and p.inputs:
+        p = p.inputs[0].producer
+    return p
+
+
+def _constant(v) -> bool:
+    p = _through_views(v)
+    return p is not None and p.op == "constant"
+
+
+def _codes_like(x: torch.Tensor) -> torch.Tensor:
+    """Random uint8 codes in `x`'s shape and layout: an operand as a producer writing codes
+    hands it over."""
+    codes = torch.empty_like(x, dtype=torch.uint8)
+    return codes.random_(0, 256)
 
 
 def applies(precision: str, op: str) -> bool:
@@ -92,10 +141,13 @@ class Int8Group:
     its first call), "calibrating" (float32, keeping the ranges of its input and residual),
     "ready" (int8, or float32 where calibration failed)."""
 
-    def __init__(self, build: Callable, fp32: Callable, requantizes: bool, sums: bool = False):
+    def __init__(self, build: Callable, fp32: Callable, requantizes: bool, sums: bool = False,
+                 codes_in: bool = False, codes_accum: bool = False):
         self.build, self.fp32 = build, fp32
         self.requantizes = requantizes  # whether `build` may write uint8
         self.sums = sums                # a convolution summing into its residual
+        # measured on codes for its input / residual (`arrives_as_codes`; `measured_args`)
+        self.codes_in, self.codes_accum = codes_in, codes_accum and sums
         self.state = "measuring"
         self.input_range, self.accum_range = Range(), Range()
         self.qparams: tuple[float, int] | None = None        # its input's
@@ -109,10 +161,12 @@ class Int8Group:
         self.readers: list[tuple[Int8Group, str]] | None = None
         self.accum_from: Int8Group | None = None
         self._run: Callable | None = None
+        self._measuring: dict[bool, Callable] = {}  # by whether the residual is codes
 
     def start_calibration(self) -> None:
         self.state = "calibrating"
         self._run = None
+        self._measuring.clear()
 
     def fix_scales(self) -> None:
         self.qparams = self.input_range.qparams()
@@ -137,15 +191,31 @@ class Int8Group:
         self._run, self.fp32, self.build = run, None, None
         self.state = "ready"
 
+    def measured_args(self, args: list) -> list:
+        """The arguments it is measured on (library.measure): float32 example operands,
+        as uint8 codes where they may arrive so (the quantizer's time is then not its)."""
+        args = list(args)
+        if self.codes_in:
+            args[0] = _codes_like(args[0])
+        if self.codes_accum:
+            args[1] = _codes_like(args[1])
+        return args
+
     def __call__(self, x, *rest):
         if self.state == "calibrating":
             self.input_range.observe(x)
             if self.sums:
                 self.accum_range.observe(rest[0])
             return self.fp32(x, *rest)
-        if self._run is None:  # measuring: built once it is measured
-            self._run = self.build(*_PROVISIONAL, None, None)
-        return self._run(x, *rest)
+        if self._run is not None:
+            return self._run(x, *rest)
+        # measuring: built at its first call; a residual of codes makes a result of codes
+        accum_codes = self.sums and rest[0].dtype == torch.uint8
+        run = self._measuring.get(accum_codes)
+        if run is None:
+            codes = _PROVISIONAL if accum_codes else None
+            run = self._measuring[accum_codes] = self.build(*_PROVISIONAL, codes, codes)
+        return run(x, *rest)
 
 
 def decide_uint8(groups: list[Int8Group]) -> set[Int8Group]:

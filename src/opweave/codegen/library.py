@@ -227,12 +227,15 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
         # writes the residual's type, uint8 where it arrives as codes
         conv = anchor.op == "conv"
         make = _int8_conv if conv else _int8_linear
+        codes_in, codes_accum = _codes(anchor, ep)
         forms = {"onednn-int8": int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
                                                fp32, requantizes=conv or ep.binary is None,
-                                               sums=conv and ep.binary is not None)}
+                                               sums=conv and ep.binary is not None,
+                                               codes_in=codes_in, codes_accum=codes_accum)}
         if conv and _pointwise_conv(anchor) and ep.binary is None:
             forms["onednn-int8-gemm"] = int8.Int8Group(
-                _int8_conv_as_linear(graph, anchor, ep, out_shape), fp32, requantizes=True)
+                _int8_conv_as_linear(graph, anchor, ep, out_shape), fp32, requantizes=True,
+                codes_in=codes_in)
         return forms
     except Exception as err:  # noqa: BLE001  (this group stays float32)
         types = ", ".join(str(v.type) for v in anchor.inputs)
@@ -247,6 +250,14 @@ def int8_supported() -> bool:
     return supports() and all(hasattr(torch.ops.onednn, op) for op in
                               ("qlinear_pointwise", "qconv2d_pointwise", "qlinear_prepack",
                                "qconv_prepack"))
+
+
+def _codes(anchor: Node, ep: Epilogue) -> tuple[bool, bool]:
+    """Whether a static int8 group's input, and its residual, may arrive as uint8 codes
+    (int8.arrives_as_codes): its int8 form is measured on them so."""
+    operands = group_inputs(anchor, ep)
+    return (int8.arrives_as_codes(operands[0]),
+            len(operands) > 1 and int8.arrives_as_codes(operands[1]))
 
 
 def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
@@ -417,6 +428,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
     # float32 keys stay as they were, so records made before precisions existed still count
+    if precision == "int8" and int8.applies(precision, anchor.op):
+        # its int8 form's time depends on whether its operands arrive as codes
+        return key + (("precision", precision), ("codes", *_codes(anchor, ep)))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op)
     return key + (("precision", precision),) if lowered else key
 
@@ -522,10 +536,13 @@ def measure(candidates: dict[str, Callable], args, rounds: int = 7) -> dict[str,
     """Seconds of each of `rounds` interleaved runs per candidate on `args`, after two
     warm-up rounds."""
     samples: dict[str, list[float]] = {name: [] for name in candidates}
+    # a form may be measured on its operands as they reach it (int8 codes: Int8Group)
+    own_args = {name: fn.measured_args(args) if hasattr(fn, "measured_args") else args
+                for name, fn in candidates.items()}
     for r in range(rounds + 2):
         for name, fn in candidates.items():
             t = time.perf_counter()
-            fn(*args)
+            fn(*own_args[name])
             if r >= 2:
                 samples[name].append(time.perf_counter() - t)
     return samples

@@ -260,6 +260,10 @@ class _Leading:
     def __call__(self, *args):
         return self.form(*args[:self.k])
 
+    def measured_args(self, args: list) -> list:
+        inner = getattr(self.form, "measured_args", None)
+        return args if inner is None else [*inner(args[:self.k]), *args[self.k:]]
+
 
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost)."""
