@@ -547,6 +547,15 @@ def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes()
     assert seen == {"plain": torch.float32, "int8": torch.uint8}
 
 
+def test_float32_is_kept_only_where_it_beats_int8_by_the_margin():
+    close = {"reference": [1.0, 0.95], "onednn": [0.93], "onednn-int8": [1.0, 1.02]}
+    assert library._preferring_int8(close) == "onednn-int8"  # 7% slower: int8 kept
+    far = {"reference": [1.0], "onednn": [0.8], "onednn-int8": [0.95, 0.9]}
+    assert library._preferring_int8(far) == "onednn"          # 12.5% slower: float32
+    plain = {"reference": [1.0], "onednn": [0.99]}
+    assert library._preferring_int8(plain) == "onednn"        # no int8 form: the fastest
+
+
 class _Measured:
     def __init__(self, fn):
         self.fn = fn
