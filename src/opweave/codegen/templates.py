@@ -41,12 +41,7 @@ def adaptive_max_pool(node: Node) -> KernelSource | None:
     # below the threshold no parallel region at all: entering one costs about a microsecond
     parallel = ["  #pragma omp parallel for num_threads(ow_team())"] if rows >= PARALLEL_ROWS else []
     lines = [
-        "  float* __restrict out = (float*)args[0];",
-        "  const float* __restrict in = (const float*)args[1];",
-        f"  static const int64_t hs[{oh}] = {{{', '.join(map(str, hs))}}};",
-        f"  static const int64_t he[{oh}] = {{{', '.join(map(str, he))}}};",
-        f"  static const int64_t ws[{ow}] = {{{', '.join(map(str, ws))}}};",
-        f"  static const int64_t we[{ow}] = {{{', '.join(map(str, we))}}};",
+        *_pointers_and_windows(hs, he, ws, we),
         *parallel,
         f"  for (int64_t r = 0; r < {rows}; ++r) {{",
         f"    const float* plane = in + r * {height * width};",
@@ -82,6 +77,15 @@ def adaptive_max_pool(node: Node) -> KernelSource | None:
                         channels_last_name=cl_name)
 
 
+def _pointers_and_windows(hs, he, ws, we) -> list[str]:
+    """Both bodies' first lines: the output and input pointers, the windows' bounds."""
+    def table(name, values):
+        return f"  static const int64_t {name}[{len(values)}] = {{{', '.join(map(str, values))}}};"
+    return ["  float* __restrict out = (float*)args[0];",
+            "  const float* __restrict in = (const float*)args[1];",
+            table("hs", hs), table("he", he), table("ws", ws), table("we", we)]
+
+
 def _channels_last_pool(lead, height, width, oh, ow, hs, he, ws, we) -> list[str]:
     """The body of the same pooling over a channels-last [N, C, H, W] input (a 1-D
     convolution's output run as 2-D is one: XML-CNN's), writing the same row-major output.
@@ -95,12 +99,7 @@ def _channels_last_pool(lead, height, width, oh, ow, hs, he, ws, we) -> list[str
     parallel = (["  #pragma omp parallel for num_threads(ow_team())"]
                 if n * c >= PARALLEL_ROWS and windows > 1 else [])
     return [
-        "  float* __restrict out = (float*)args[0];",
-        "  const float* __restrict in = (const float*)args[1];",
-        f"  static const int64_t hs[{oh}] = {{{', '.join(map(str, hs))}}};",
-        f"  static const int64_t he[{oh}] = {{{', '.join(map(str, he))}}};",
-        f"  static const int64_t ws[{ow}] = {{{', '.join(map(str, ws))}}};",
-        f"  static const int64_t we[{ow}] = {{{', '.join(map(str, we))}}};",
+        *_pointers_and_windows(hs, he, ws, we),
         *parallel,
         f"  for (int64_t k = 0; k < {windows}; ++k) {{",
         f"    const int64_t b = k / {oh * ow}, i = (k / {ow}) % {oh}, j = k % {ow};",
