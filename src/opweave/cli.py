@@ -355,7 +355,8 @@ def _add_profile_parser(sub) -> None:
     p.add_argument("--top", type=int, default=15, help="rows per table")
     p.add_argument("--precision", choices=COMPILE_PRECISIONS, default=None,
                    help="profile the model compiled in this precision (default: fp32, or "
-                        "$OPWEAVE_PRECISION; int8 calibrates on the warm-up calls)")
+                        "$OPWEAVE_PRECISION; int8 calibrates on the example inputs, an ONNX "
+                        "file on its first call)")
     p.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace (JSON)")
     p.add_argument("--html", metavar="PATH", help="write the self-contained HTML report")
     p.add_argument("--input", "-i", action="append", metavar="[NAME=]FILE",

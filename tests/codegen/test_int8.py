@@ -522,6 +522,11 @@ def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes()
                      if n.op == "matmul"]
     assert not int8.arrives_as_codes(first.inputs[0])
     assert not int8.arrives_as_codes(second.inputs[0])  # a layer norm's result
+    residual = nn.Sequential(_Residual(nn.Linear(8, 8)), nn.Linear(8, 8)).eval()
+    with torch.no_grad():
+        compiled = opweave.compile(residual, (torch.randn(4, 8),), options=options)
+    last = [n for n in compiled.program.compiled_graphs[0].graph.nodes if n.op == "matmul"][-1]
+    assert not int8.arrives_as_codes(last.inputs[0])  # a linear layer's sum writes float32
 
     built = []
 
@@ -554,6 +559,15 @@ def test_float32_is_kept_only_where_it_beats_int8_by_the_margin():
     assert library._preferring_int8(far) == "onednn"          # 12.5% slower: float32
     plain = {"reference": [1.0], "onednn": [0.99]}
     assert library._preferring_int8(plain) == "onednn"        # no int8 form: the fastest
+
+
+class _Residual(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return self.inner(x) + x
 
 
 class _Measured:

@@ -54,24 +54,28 @@ _EPILOGUE_OPS = frozenset({"relu", "gelu", "tanh", "add"})
 def arrives_as_codes(v) -> bool:
     """Whether an int8 group's operand `v` may arrive as uint8 codes: it is made, through
     views, by a linear layer or convolution with a constant weight, or by the epilogue of
-    one (bias, activation, residual add), which then writes codes wherever all its readers
-    are int8 groups (`decide_uint8`); or it is rows gathered from a constant table
+    one (bias, activation; a residual add of a convolution's), which then writes codes
+    wherever all its readers are int8 groups (`decide_uint8`); or rows gathered from a
+    constant table
     (`CodeGather`). Structural, so the choice it informs is the same whatever was chosen
     for the producer: ResNet's and XML-CNN's convolutions read codes, BERT's products
     after a layer norm and GCN's on its input features read float32."""
     return _made_by_product(v, depth=3)
 
 
-def _made_by_product(v, depth: int) -> bool:
+def _made_by_product(v, depth: int, products=QUANTIZED_OPS) -> bool:
     p = _through_views(v)
     if p is None:
         return False
     if p.op in QUANTIZED_OPS:
-        return len(p.inputs) > 1 and _constant(p.inputs[1])
+        return p.op in products and len(p.inputs) > 1 and _constant(p.inputs[1])
     if p.op == "index_select":
         return p.attrs.get("dim") == 0 and _constant(p.inputs[0])
-    return depth > 0 and p.op in _EPILOGUE_OPS and any(
-        _made_by_product(u, depth - 1) for u in p.inputs)
+    if depth == 0 or p.op not in _EPILOGUE_OPS:
+        return False
+    if p.op == "add" and not any(_constant(u) for u in p.inputs):
+        products = frozenset({"conv"})  # a residual add: a linear layer's writes float32
+    return any(_made_by_product(u, depth - 1, products) for u in p.inputs)
 
 
 def _through_views(v):

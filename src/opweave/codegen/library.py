@@ -511,7 +511,8 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
         samples = measure(tune.shortlist(KIND, key, candidates, tune.active()), args, rounds)
-        best = _preferring_int8(samples)
+        best = _preferring_int8(samples) if ("precision", "int8") in key else \
+            min(samples, key=lambda name: min(samples[name]))
         tune.remember(KIND, key, best, samples)
         recalled = best, min(samples[best])
         if _BY_SIZE_CLASS.get() and work > 0:
@@ -522,13 +523,14 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     return recalled
 
 
-# float32 must beat an int8 form by this much to be kept where int8 was asked for
+# where static int8 was asked for, a group's int8 form is kept unless it measured more
+# than this much slower than its fastest float32 form
 INT8_MARGIN = 0.10
 
 
 def _preferring_int8(samples: dict[str, list[float]]) -> str:
     """The fastest form by its minimum time, except that the fastest int8 form is taken
-    unless a float32 one is at least INT8_MARGIN faster: int8 was asked for, a shared
+    unless it is more than INT8_MARGIN slower than it: int8 was asked for, a shared
     machine's noise is about that large, and a group kept in float32 costs more than its
     own time shows (its neighbours then pass float32, not codes, to it and through it: one
     float32 convolution at a ResNet stage's entry kept the whole stage's sums in float32)."""
