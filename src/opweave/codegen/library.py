@@ -227,7 +227,7 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
         # writes the residual's type, uint8 where it arrives as codes
         conv = anchor.op == "conv"
         make = _int8_conv if conv else _int8_linear
-        codes_in, codes_accum = _codes(anchor, ep)
+        codes_in, codes_accum = _codes(graph, anchor, ep)
         forms = {"onednn-int8": int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
                                                fp32, requantizes=conv or ep.binary is None,
                                                sums=conv and ep.binary is not None,
@@ -252,12 +252,12 @@ def int8_supported() -> bool:
                                "qconv_prepack"))
 
 
-def _codes(anchor: Node, ep: Epilogue) -> tuple[bool, bool]:
+def _codes(graph: Graph, anchor: Node, ep: Epilogue) -> tuple[bool, bool]:
     """Whether a static int8 group's input, and its residual, may arrive as uint8 codes
     (int8.arrives_as_codes): its int8 form is measured on them so."""
     operands = group_inputs(anchor, ep)
-    return (int8.arrives_as_codes(operands[0]),
-            len(operands) > 1 and int8.arrives_as_codes(operands[1]))
+    return (int8.arrives_as_codes(graph, operands[0]),
+            len(operands) > 1 and int8.arrives_as_codes(graph, operands[1]))
 
 
 def _int8_fuses(anchor: Node, ep: Epilogue) -> bool:
@@ -430,7 +430,7 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
-        return key + (("precision", precision), ("codes", *_codes(anchor, ep)))
+        return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op)
     return key + (("precision", precision),) if lowered else key
 

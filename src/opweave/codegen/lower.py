@@ -338,8 +338,8 @@ class CppKernel:
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
         self.layout_free = src.layout_free
         # the same kernel for a channels-last input (its outputs row-major), if it has one
-        self.channels_last = (None if channels_last_fn is None else
-                              (channels_last_fn, ctypes.cast(channels_last_fn, ctypes.c_void_p).value))
+        self.channels_last = None if channels_last_fn is None else \
+            (channels_last_fn, ctypes.cast(channels_last_fn, ctypes.c_void_p).value)
 
     def __call__(self, *inputs):
         fn, address = self.fn, self.address
