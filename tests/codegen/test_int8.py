@@ -458,8 +458,9 @@ def test_a_transposed_activation_is_quantized_in_its_own_layout():
 
 
 class _TwoBlocks(nn.Module):
-    """A stem, a block summing into its input, a block summing into a 1x1 shortcut, then
-    pooling: ResNet's pattern within a stage and across a stage boundary."""
+    """A stem and its max pooling, a block summing into its input, a block summing into a
+    1x1 shortcut, then pooling: ResNet's pattern within a stage and across a stage
+    boundary."""
 
     def __init__(self):
         super().__init__()
@@ -469,7 +470,7 @@ class _TwoBlocks(nn.Module):
         self.shortcut = nn.Conv2d(8, 16, 1)
 
     def forward(self, x):
-        x = F.relu(self.stem(x))
+        x = F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1)
         x = F.relu(self.a2(F.relu(self.a1(x))) + x)
         x = F.relu(self.b2(F.relu(self.b1(x))) + self.shortcut(x))
         return x.mean(dim=(2, 3))
@@ -477,17 +478,22 @@ class _TwoBlocks(nn.Module):
 
 def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8():
     """Block a's output feeds only int8 groups, so it sums into its residual (the stem's
-    output) as uint8 codes and writes codes; block b's output goes to the pooling, so it
-    writes float32 and so must its residual (the shortcut's output)."""
+    pooled output) as uint8 codes and writes codes; block b's output goes to the average
+    pooling, so it writes float32 and so must its residual (the shortcut's output). The
+    stem writes codes through the max pooling, which pools them."""
     torch.manual_seed(0)
     model, x = _TwoBlocks().eval(), torch.randn(1, 3, 10, 10)
     options = Options(measure=False, deterministic=True, precision="int8", native="wait")
+    pooled = []
     with torch.no_grad():
-        compiled = opweave.compile(model, (x,), options=options)
+        compiled = opweave.compile(model, (x,), options=options)  # calibrates
+        (graph,) = compiled.program.compiled_graphs
+        (pool,) = [s.fn for s in graph.executor.lowered_steps
+                   if isinstance(s.fn, int8.CodesMaxPool)]
+        pool.codes = _Recording(pool.codes, pooled)
         python = compiled(x)
         for _ in range(3):
             replayed = compiled(x)
-    (graph,) = compiled.program.compiled_graphs
     groups = [s.fn for s in graph.executor.lowered_steps if s.precision == "int8"]
     stem, a1, a2, b1, b2, shortcut = (next(s.fn for s in graph.executor.lowered_steps
                                            if s.precision == "int8" and s.nodes[0] is n)
@@ -498,9 +504,35 @@ def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8():
     assert b1.requantize == b2.qparams
     assert shortcut.requantize is None
     assert b2.sums and not b2.accum_in_uint8 and b2.requantize is None
+    assert pooled and all(t.dtype == torch.uint8 for t in pooled)  # the stem's codes
     assert graph.executor.native.plan is not None, graph.executor.native.reason
     assert torch.equal(python, replayed)
     assert 10 * FP32_REL_L2 < _rel_l2(python, _reference(model, x)) < INT8_REL_L2
+
+
+class _Recording:
+    def __init__(self, fn, seen):
+        self.fn, self.seen = fn, seen
+
+    def __call__(self, x):
+        self.seen.append(x)
+        return self.fn(x)
+
+
+def test_max_pooling_codes_matches_pooling_the_values():
+    for shape, kernel, stride, padding, dilation in (
+            ((1, 16, 11, 11), (3, 3), (2, 2), (1, 1), (1, 1)),
+            ((2, 5, 9, 7), (2, 3), (1, 2), (1, 1), (2, 1)),
+            ((1, 300, 6, 6), (2, 2), [], (0, 0), (1, 1))):
+        codes = torch.randint(0, 256, shape, dtype=torch.uint8)
+        got = quantize.MaxPoolCodes(kernel, stride, padding, dilation)(codes)
+        want = F.max_pool2d(codes.float(), kernel, stride or kernel, padding, dilation)
+        assert got.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(got.float(), want)
+    values = torch.randn(1, 8, 9, 9)
+    to_codes = quantize.Quantizer(0.02, 100)
+    assert torch.equal(quantize.MaxPoolCodes((3, 3), (2, 2), (1, 1), (1, 1))(to_codes(values)),
+                       to_codes(F.max_pool2d(values, 3, 2, 1)))
 
 
 def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes():

@@ -37,7 +37,7 @@ import torch
 from .. import shared_constants
 from ..partition.classify import constant_of
 from .precision import cpu_flags
-from .quantize import Quantizer, activation_qmax, activation_qparams
+from .quantize import MaxPoolCodes, Quantizer, activation_qmax, activation_qparams
 
 QUANTIZED_OPS = frozenset({"matmul", "conv"})
 # the ops each int8 precision quantizes: "int8-dynamic" only linear layers (as torch's
@@ -56,14 +56,25 @@ def arrives_as_codes(graph, v) -> bool:
     one (bias, activation; a residual add of a convolution's), which then writes codes
     wherever all its readers are int8 groups (`decide_uint8`); or it is rows gathered
     from a constant table (`CodeGather`). Structural, so the choice it informs is the same
-    whatever was chosen for the producer: ResNet's and XML-CNN's convolutions read codes,
-    BERT's products after a layer norm and GCN's on its input features read float32."""
+    whatever was chosen for the producer: ResNet's and XML-CNN's convolutions read codes
+    (ResNet's first ones through its max pooling), BERT's products after a layer norm and
+    GCN's on its input features read float32."""
     return _made_by_product(graph, v, depth=3)
+
+
+def passes_codes(node) -> bool:
+    """Whether `node` hands on uint8 codes as they come: a view, or a max pooling (max
+    commutes with quantizing, which is monotonic: `CodesMaxPool`)."""
+    if node.opdef.is_view:
+        return bool(node.inputs)
+    a = node.attrs
+    return (node.op == "max_pool2d" and not a.get("with_indices") and not a.get("ceil_mode")
+            and len(node.inputs[0].type.shape) == 4)
 
 
 def _made_by_product(graph, v, depth: int, products=QUANTIZED_OPS) -> bool:
     p = v.producer
-    while p is not None and p.opdef.is_view and p.inputs:
+    while p is not None and passes_codes(p):
         p = p.inputs[0].producer
     if p is None:  # a graph input
         return False
@@ -320,7 +331,8 @@ def calibrating():
 def link_requantization(graph, steps) -> list[CodeGather]:
     """Record which int8 groups read each int8 group's result, and how: as their input
     (first operand) or as the residual a convolution sums into (second), directly or
-    through single view ops; a result any other step reads, or a graph output, keeps
+    through single view ops and max poolings (which then pool codes: `CodesMaxPool`); a
+    result any other step reads, or a graph output, keeps
     `readers` None and stays float32. Also each summing group's residual maker.
     `decide_uint8` picks, once scales are known, which results travel as uint8 codes.
     A gather of rows from a constant table that only int8 groups read as their input
@@ -334,8 +346,8 @@ def link_requantization(graph, steps) -> list[CodeGather]:
             made_by[v] = step
     outputs = set(graph.outputs)
 
-    def is_view(step) -> bool:
-        return step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view
+    def passes(step) -> bool:
+        return step.kind == "op" and len(step.nodes) == 1 and passes_codes(step.nodes[0])
 
     def int8_uses(v, found) -> bool:
         uses = readers.get(v)
@@ -344,18 +356,21 @@ def link_requantization(graph, steps) -> list[CodeGather]:
         for r, i in uses:
             if isinstance(r.fn, Int8Group) and (i == 0 or (i == 1 and r.fn.sums)):
                 found.append((r.fn, "input" if i == 0 else "accum"))
-            elif not (is_view(r) and all(int8_uses(o, found) for o in r.outputs)):
+            elif not (passes(r) and all(int8_uses(o, found) for o in r.outputs)):
                 return False
         return True
 
     def maker(v):
         step = made_by.get(v)
-        while step is not None and is_view(step):
+        while step is not None and passes(step):
             step = made_by.get(step.inputs[0])
         return step.fn if step is not None and isinstance(step.fn, Int8Group) else None
 
     gathers = []
     for step in steps:
+        if passes(step) and not step.nodes[0].opdef.is_view:
+            step.fn = CodesMaxPool(step.fn, step.nodes[0])
+            continue
         group = step.fn
         if isinstance(group, Int8Group):
             if group.sums:
@@ -390,6 +405,19 @@ def _table_of(graph, node) -> torch.Tensor | None:
         return None
     table = graph.constants[producer.attrs["name"]]
     return table if table.dtype == torch.float32 and table.dim() == 2 else None
+
+
+class CodesMaxPool:
+    """A max pooling step in an int8 graph: it pools uint8 codes where its producer writes
+    them (the codes of the pooled values, at the same scale), float32 otherwise."""
+
+    def __init__(self, fn: Callable, node):
+        a = node.attrs
+        self.fn = fn
+        self.codes = MaxPoolCodes(a["kernel"], a["stride"], a["padding"], a["dilation"])
+
+    def __call__(self, x):
+        return [self.codes(x)] if x.dtype == torch.uint8 else self.fn(x)
 
 
 class CodeGather:

@@ -1,5 +1,6 @@
-"""Quantization arithmetic: scales and zero points, and the C++ kernels that turn float32
-activations into uint8 codes (codegen/int8.py says where they are used).
+"""Quantization arithmetic: scales and zero points, the C++ kernels that turn float32
+activations into uint8 codes, and the max pooling of codes (codegen/int8.py says where
+they are used).
 
 Activations are asymmetric uint8: `activation_qparams` maps a range (widened to hold 0,
 so zero is exact) onto [0, qmax]; weights symmetric int8 per output channel. The kernels
@@ -115,6 +116,35 @@ extern "C" void ow_quantize_u8_dynamic(void** argv) {
     out[i] = (uint8_t)(int32_t)v;
   }
 }
+
+// Max pooling of channels-last uint8 codes [N, H, W, C] -> [N, OH, OW, C]: the codes of the
+// pooled values, since quantizing is monotonic. Windows clipped to the image (padding is
+// never a maximum), each holding at least one pixel, as torch requires; codes are >= 0.
+// p: {N, H, W, C, OH, OW, KH, KW, SH, SW, PH, PW, DH, DW}.
+extern "C" void ow_max_pool_u8(void** argv) {
+  uint8_t* out = (uint8_t*)argv[0];
+  const uint8_t* in = (const uint8_t*)argv[1];
+  const int64_t* p = (const int64_t*)argv[2];
+  const int64_t n = p[0], h = p[1], w = p[2], c = p[3], oh = p[4], ow = p[5], kh = p[6],
+                kw = p[7], sh = p[8], sw = p[9], ph = p[10], pw = p[11], dh = p[12], dw = p[13];
+  #pragma omp parallel for num_threads(ow_team()) if (n * oh * ow * c > 32768) schedule(static)
+  for (int64_t k = 0; k < n * oh * ow; ++k) {
+    const int64_t b = k / (oh * ow), i = (k / ow) % oh, j = k % ow;
+    uint8_t* o = out + k * c;
+    for (int64_t ch = 0; ch < c; ++ch) o[ch] = 0;
+    for (int64_t y = 0; y < kh; ++y) {
+      const int64_t row = i * sh - ph + y * dh;
+      if (row < 0 || row >= h) continue;
+      for (int64_t x = 0; x < kw; ++x) {
+        const int64_t col = j * sw - pw + x * dw;
+        if (col < 0 || col >= w) continue;
+        const uint8_t* pixel = in + ((b * h + row) * w + col) * c;
+        #pragma omp simd
+        for (int64_t ch = 0; ch < c; ++ch) o[ch] = pixel[ch] > o[ch] ? pixel[ch] : o[ch];
+      }
+    }
+  }
+}
 """
 
 
@@ -131,7 +161,7 @@ def _quantizers():
         return None
     lib.ow_set_threads(torch.get_num_threads())
     found = {}
-    for name in ("ow_quantize_u8", "ow_quantize_u8_dynamic"):
+    for name in ("ow_quantize_u8", "ow_quantize_u8_dynamic", "ow_max_pool_u8"):
         fn = getattr(lib, name)
         fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
         fn.restype = None
@@ -214,3 +244,39 @@ class DynamicQuantizer:
             self._params[x.numel()] = params
         _call_kernel(kernels["ow_quantize_u8_dynamic"], [out, scale, zero_point, x, params])
         return out, scale, zero_point
+
+
+
+class MaxPoolCodes:
+    """`max_pool2d` (no ceil mode) of [N, C, H, W] uint8 codes, channels-last in and out:
+    the codes of the pooled values (torch's own max pooling refuses uint8 images of this
+    size). A call is one C++ kernel, recorded by the native plan."""
+
+    def __init__(self, kernel, stride, padding, dilation):
+        self.kernel, self.stride = list(kernel), list(stride or kernel)
+        self.padding, self.dilation = list(padding), list(dilation)
+        self._params: dict[tuple, tuple] = {}  # input shape -> (output shape, constants)
+
+    def __call__(self, codes: torch.Tensor) -> torch.Tensor:
+        codes = codes.contiguous(memory_format=torch.channels_last)
+        shape, params = self._geometry(tuple(codes.shape))
+        out = torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last)
+        kernels = _quantizers()
+        if kernels is None:  # no compiler: through float32, exactly
+            return out.copy_(torch.nn.functional.max_pool2d(
+                codes.float(), self.kernel, self.stride, self.padding, self.dilation))
+        _call_kernel(kernels["ow_max_pool_u8"], [out, codes, params])
+        return out
+
+    def _geometry(self, size: tuple) -> tuple:
+        found = self._params.get(size)
+        if found is None:
+            n, c, h, w = size
+            (kh, kw), (sh, sw) = self.kernel, self.stride
+            (ph, pw), (dh, dw) = self.padding, self.dilation
+            oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+            ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+            params = torch.tensor([n, h, w, c, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw],
+                                  dtype=torch.int64)
+            found = self._params[size] = (n, c, oh, ow), params
+        return found
