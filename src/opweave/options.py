@@ -21,6 +21,10 @@ Environment variables:
   OPWEAVE_SCHEDULE       sequential (default) | ios | critical-path: run independent
                          steps in concurrent stages on shares of the cores, kept only when
                          measured faster (schedule/concurrent.py)
+  OPWEAVE_KERNELS        recorded (default) | default | tune: the generated kernels'
+                         schedules: as the tuning database records them for this machine,
+                         always the default ones, or measured where none is recorded
+                         (codegen/kernel_schedule.py; `opweave tune MODEL` does this)
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation (codegen/precision.py)
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
@@ -40,6 +44,7 @@ FUSION_MODES = ("ilp", "greedy", "off")
 DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
 SCHEDULES = ("sequential", "ios", "critical-path")
+KERNEL_MODES = ("recorded", "default", "tune")
 PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
 # precisions the project plans that are not built, and why (said when one is asked for)
 UNBUILT_PRECISIONS = {
@@ -89,6 +94,10 @@ class Options:
     # "critical-path": independent steps in concurrent stages on shares of the cores
     # (schedule/concurrent.py), on the native plan, kept only when measured faster
     schedule: str = "sequential"
+    # the generated C++ kernels' schedules (threads, vector width, unrolling): "recorded"
+    # (the tuning database's for this machine, else the default), "default", or "tune"
+    # (measured where none is recorded, then recorded; codegen/kernel_schedule.py)
+    kernels: str = "recorded"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -98,6 +107,7 @@ class Options:
         _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
         _choice("schedule", self.schedule, SCHEDULES)
+        _choice("kernels", self.kernels, KERNEL_MODES)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf
@@ -150,6 +160,7 @@ class Options:
                    tuned=_flag(env, "OPWEAVE_TUNED", True) and not chosen,
                    precision=env.get("OPWEAVE_PRECISION", "").strip().lower() or "fp32",
                    schedule=env.get("OPWEAVE_SCHEDULE", "").strip().lower() or "sequential",
+                   kernels=env.get("OPWEAVE_KERNELS", "").strip().lower() or "recorded",
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 

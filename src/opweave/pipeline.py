@@ -180,7 +180,8 @@ class PassRun:
                 lowered = lower(graph, self.options.fusion, measure=self.options.measure,
                                 ilp_seconds=self.options.partition_seconds,
                                 precision=precision, apart=frozenset(masks),
-                                target="triton" if on_gpu else "cpp")
+                                target="triton" if on_gpu else "cpp",
+                                kernels=self.options.kernels)
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",

@@ -21,7 +21,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
-from . import build, gemm, library
+from . import build, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
@@ -102,16 +102,19 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
 
 def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
           ilp_seconds: float = 2.0, precision: str = "fp32",
-          apart: frozenset[Node] = frozenset(), target: str = "cpp") -> Lowered:
+          apart: frozenset[Node] = frozenset(), target: str = "cpp",
+          kernels: str = "recorded") -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
     form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
     products, convolutions and attention on bfloat16 operands (codegen/precision.py).
     Nodes in `apart` are fused with nothing (masks the memory budget keeps).
     `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels
-    and torch's CUDA libraries, for GPU tensors; codegen/triton)."""
+    and torch's CUDA libraries, for GPU tensors; codegen/triton). `kernels`: how the
+    generated C++ kernels' schedules are chosen (codegen/kernel_schedule.py)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
+    kernel_schedule.check_mode(kernels)
     if mode != "off" and target == "triton":
         from .triton.lower import lower_for_triton
         return lower_for_triton(graph, mode, ilp_seconds, precision, apart)
@@ -147,9 +150,11 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
             lowered.steps.append(_anchor_step(graph, ctx, group, nodes, outputs, measure, inplace,
                                               precision))
             continue
-        _add_kernel(graph, lowered, pending, nodes,
-                    render(graph, nodes, lambda v, g=group: ctx.escapes(v, g)))
-    _build(pending, lowered)
+        escapes = (lambda v, g=group: ctx.escapes(v, g))
+        _add_kernel(graph, lowered, pending, nodes, render(graph, nodes, escapes),
+                    lambda schedule, nodes=nodes, escapes=escapes:
+                    render(graph, nodes, escapes, schedule))
+    _build(pending, lowered, kernels)
     _drop_unread(lowered, graph)
     if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
@@ -171,12 +176,14 @@ def _drop_unread(lowered: Lowered, graph: Graph) -> None:
     lowered.steps = kept[::-1]
 
 
-def _add_kernel(graph, lowered: Lowered, pending: list, nodes, src: KernelSource) -> None:
-    """A generated-kernel step; until (or unless) it builds, it runs its nodes as torch ops."""
+def _add_kernel(graph, lowered: Lowered, pending: list, nodes, src: KernelSource,
+                rerender=None) -> None:
+    """A generated-kernel step; until (or unless) it builds, it runs its nodes as torch ops.
+    `rerender(schedule)`: the same kernel under another schedule, where it has them."""
     step = Step(None, src.inputs, src.outputs, nodes, "cpp", src.name)
     step.fn = reference_fn(graph, nodes, src.inputs, src.outputs)
     lowered.steps.append(step)
-    pending.append((step, src))
+    pending.append((step, src, rerender))
 
 
 def _is_constant(v: Value) -> bool:
@@ -285,35 +292,25 @@ def _flops(anchor: Node) -> float:
                                    [v.type for v in anchor.outputs], anchor.attrs).flops)
 
 
-def _build(pending, lowered: Lowered) -> None:
-    unique: dict[str, KernelSource] = {}
-    for _, src in pending:
-        unique.setdefault(src.name, src)
-    lowered.sources = list(unique.values())
-    if not unique:
+def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
+    """Build the pending kernels, each under the schedule `kernels` chooses, and point
+    their steps at them; if the compiler fails, they stay their torch ops, with a warning."""
+    if not pending:
         return
-    names = list(unique)
-    units = [names[i:i + KERNELS_PER_UNIT] for i in range(0, len(names), KERNELS_PER_UNIT)]
     try:
-        libs = build.load_many(["\n".join(unique[n].body for n in unit) for unit in units])
+        chosen = kernel_schedule.choose([(src, rerender) for _, src, rerender in pending], kernels)
+        functions = kernel_schedule.build_functions(chosen, KERNELS_PER_UNIT)
     except build.BuildError as err:
         warnings.warn(f"opweave: generated kernels could not be built, so {len(pending)} fused "
                       f"groups run as separate ops: {err}", FusionWarning, stacklevel=3)
-        for step, _ in pending:
+        lowered.sources = list({src.name: src for _, src, _ in pending}.values())
+        for step, _, _ in pending:
             step.kind = "reference"
         return
-    functions = {}
-    for unit, lib in zip(units, libs):
-        lib.ow_set_threads(torch.get_num_threads())
-        for n in unit:
-            for name in (n, unique[n].channels_last_name):
-                if name is not None:
-                    fn = getattr(lib, name)
-                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-                    fn.restype = None
-                    functions[name] = fn
-    for step, src in pending:
+    lowered.sources = list({src.name: src for src in chosen}.values())
+    for (step, _, _), src in zip(pending, chosen):
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
+        step.name = src.name
         step.fn = CppKernel(functions[src.name], src, fallback,
                             functions.get(src.channels_last_name))
 

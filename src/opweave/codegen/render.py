@@ -221,38 +221,58 @@ def _ctype(v: Value) -> str:
     return "const bool*" if v.type.dtype == torch.bool else "const float*"
 
 
-def render(graph: Graph, members: list[Node], escapes) -> KernelSource:
-    """C++ for `members` (in graph order); `escapes(value)` says which values it writes."""
+def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelSource:
+    """C++ for `members` (in graph order); `escapes(value)` says which values it writes.
+    `schedule` (codegen/kernel_schedule.KernelSchedule; None: the default) sets its
+    threads, vector width and unrolling; the default's source and name never change."""
     em = GroupEmitter(graph, members, escapes)
     reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
+    threads = "auto" if schedule is None else schedule.threads
     lines = []
     for i, v in enumerate(em.outputs):
         lines.append(f"  float* __restrict a{i} = (float*)args[{i}];")
     for v in em.inputs:
         lines.append(f"  {_ctype(v)} __restrict {em.arg(v)} = ({_ctype(v)})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
-    par = f"num_threads(ow_team()) if({total} >= {PARALLEL_MIN} && {em.rows} > 1)"
+    par = _parallel(threads, f"{total} >= {PARALLEL_MIN} && {em.rows} > 1", f"{em.rows} > 1")
     if em.elementwise:
         body = _loop(em, members, "j")
-        body[0] = f"#pragma omp parallel for simd num_threads(ow_team()) if({total} >= {PARALLEL_MIN})"
+        flat = _parallel(threads, f"{total} >= {PARALLEL_MIN}", None)
+        if flat is not None:
+            body[0] = f"#pragma omp parallel for simd {flat}"
         lines += ["  " + ln for ln in body]
     elif reduce is None:
         body = _loop(em, members, "r * {c} + j".format(c=em.cols))
-        lines.append(f"  #pragma omp parallel for {par}")
+        lines += _parallel_for(par)
         lines.append(f"  for (int64_t r = 0; r < {em.rows}; ++r) {{")
         lines += ["    " + ln for ln in body]
         lines.append("  }")
     elif is_column_sum(reduce):
-        lines += _column_sum_kernel(em, members, reduce, total)
+        lines += _column_sum_kernel(em, members, reduce, total, threads)
     elif reduce.op in ROW_SUM_OPS:
         lines += _row_sum_kernel(em, members, reduce, par)
     else:
         lines += _row_kernel(em, members, reduce, par)
-    digest = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
+    attributes = "" if schedule is None else schedule.attributes()
+    digest = hashlib.sha256("\n".join(lines).encode() + attributes.encode()).hexdigest()[:16]
     name = f"ow_k_{digest}"
-    src = f'extern "C" void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
+    src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
     layout_free = em.elementwise
     return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
+
+
+def _parallel(threads: str, auto: str, team: str | None) -> str | None:
+    """The OpenMP clauses of a row loop's parallel region under a schedule's `threads`
+    ("auto": the team when the `auto` condition holds; "team": when `team` holds, always
+    where it is None; "one": no region at all)."""
+    if threads == "one":
+        return None
+    condition = auto if threads == "auto" else team
+    return "num_threads(ow_team())" + (f" if({condition})" if condition else "")
+
+
+def _parallel_for(par: str | None) -> list[str]:
+    return [] if par is None else [f"  #pragma omp parallel for {par}"]
 
 
 def _node_lines(em, src: str) -> dict:
@@ -284,7 +304,7 @@ def _row_kernel(em, members, reduce, par) -> list[str]:
     after = [n for n in members if n is not reduce and n not in before]
     x = reduce.inputs[0]
     y = em.names[reduce.outputs[0]]
-    lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
+    lines = [*_parallel_for(par), f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
              f"    float buf[{c}];", "    #pragma omp simd", f"    for (int64_t j = 0; j < {c}; ++j) {{"]
     for n in before:
         lines.append("      " + em.declare(n))
@@ -337,7 +357,7 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
     before = [n for n in members if n is not reduce and reaches(n, reduce, set(members))]
     after = [n for n in members if n is not reduce and n not in before]
     y = em.names[reduce.outputs[0]]
-    lines = [f"  #pragma omp parallel for {par}", f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
+    lines = [*_parallel_for(par), f"  for (int64_t r = 0; r < {em.rows}; ++r) {{",
              "    float acc = 0.0f;", "    #pragma omp simd reduction(+:acc)",
              f"    for (int64_t j = 0; j < {c}; ++j) {{"]
     for n in before:
@@ -358,14 +378,16 @@ def _row_sum_kernel(em, members, reduce, par) -> list[str]:
     return lines
 
 
-def _column_sum_kernel(em, members, reduce, total) -> list[str]:
+def _column_sum_kernel(em, members, reduce, total, threads: str = "auto") -> list[str]:
     """The other members and the sum's accumulation in one pass over the rows. The rows
     are cut into `nt` blocks, each summed into its own slice of `part`, and the slices
     are added in block order after: which thread ran which block cannot change a bit."""
     c, rows = em.cols, em.rows
     others = [n for n in members if n is not reduce]
     out = f"a{em.outputs.index(reduce.outputs[0])}"
-    lines = [f"  const int nt = ({total} >= {PARALLEL_MIN} && {rows} > 1) ? ow_team() : 1;",
+    condition = {"auto": f"{total} >= {PARALLEL_MIN} && {rows} > 1", "team": f"{rows} > 1"}
+    team = f"({condition[threads]}) ? ow_team() : 1" if threads in condition else "1"
+    lines = [f"  const int nt = {team};",
              f"  std::vector<float> part((size_t)nt * {c}, 0.0f);",
              "  #pragma omp parallel for num_threads(nt) schedule(static, 1)",
              "  for (int t = 0; t < nt; ++t) {",

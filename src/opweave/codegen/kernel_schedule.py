@@ -1,0 +1,191 @@
+"""Schedules of the generated C++ kernels, measured per machine and remembered.
+
+A kernel's loops are fixed by its group (codegen/render.py); how they map onto the
+machine is its schedule: whether its row loop runs on the thread team or on one thread
+(a fixed threshold of PARALLEL_MIN elements by default: a parallel region costs about a
+microsecond to enter, which small kernels cannot repay, and where that line lies depends
+on the machine), the vector width the compiler prefers (GCC's choice for `-march=native`
+differs by CPU: 512 bits on some AVX-512 parts, 256 on others), and whether its loops
+are unrolled. None of these changes a computed value: every reduction keeps its order.
+
+`choose` picks each pending kernel's schedule when a graph is lowered, by `Options.kernels`:
+"recorded" (default) takes the schedule the tuning database holds for the kernel on this
+machine, else the default; "default" ignores the records; "tune" measures every
+schedule of the kernels without a record (built together, timed interleaved on random
+inputs, the default kept unless another is MARGIN faster) and records the winner. Tuning
+is asked for by `opweave tune MODEL` (autotune/search.py), in a worker process; a
+compile never measures kernels unless told to.
+"""
+from __future__ import annotations
+
+import ctypes
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .. import tune
+from ..ir.graph import Value
+from ..notices import warn_once
+from ..options import KERNEL_MODES
+from ..tune.target import describe
+from . import build
+from .render import KernelSource
+
+KIND = "kernel-schedule"  # the tuning database's name for this decision
+MARGIN = 0.03  # a schedule replaces the default only when it measured this much faster
+ROUNDS = 7
+SAMPLE_SECONDS = 2e-4  # a timed sample repeats a short kernel until it lasts about this
+
+
+@dataclass(frozen=True)
+class KernelSchedule:
+    threads: str = "auto"  # "auto": the team from PARALLEL_MIN elements; "one"; "team"
+    vector: int = 0        # preferred vector width in bits; 0: the compiler's choice
+    unroll: bool = False   # unroll the loops (GCC's -funroll-loops for this function)
+
+    def describe(self) -> str:
+        return (f"threads={self.threads} vector={self.vector or 'auto'}"
+                + (" unroll" if self.unroll else ""))
+
+    def attributes(self) -> str:
+        """The function attributes that carry the schedule's compiler choices."""
+        parts = []
+        if self.vector:
+            parts.append(f'__attribute__((target("prefer-vector-width={self.vector}")))')
+        if self.unroll:
+            parts.append('__attribute__((optimize("unroll-loops")))')
+        return "".join(p + " " for p in parts)
+
+
+DEFAULT = KernelSchedule()
+
+
+def space() -> list[KernelSchedule]:
+    """The schedules worth measuring on this machine (wider vectors only where the
+    CPU has AVX-512); the default first."""
+    widths = (0, 256, 512) if "avx512f" in describe()["features"] else (0,)
+    return [KernelSchedule(t, v, u) for t, v, u in
+            itertools.product(("auto", "one", "team"), widths, (False, True))]
+
+
+def check_mode(mode: str) -> str:
+    if mode not in KERNEL_MODES:
+        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}; got {mode!r}")
+    return mode
+
+
+def workload_key(src: KernelSource) -> tuple:
+    """What a kernel's best schedule depends on besides the machine: its default source
+    (named by its hash), what it computes over which shape, and the compiler."""
+    shapes = ", ".join(str(v.type) for v in [*src.outputs, *src.inputs])
+    return ("kernel", src.name, shapes, build.compiler_version())
+
+
+Rerender = Callable[[KernelSchedule], KernelSource]
+
+
+def choose(pending: list[tuple[KernelSource, Rerender | None]], mode: str) -> list[KernelSource]:
+    """Each pending kernel's source under its chosen schedule (see the module's doc);
+    kernels without a `Rerender` (templates) keep their default."""
+    check_mode(mode)
+    chosen = [src for src, _ in pending]
+    if mode == "default":
+        return chosen
+    by_form = {s.describe(): s for s in space()}
+    untuned: dict[str, tuple[list[int], KernelSource, Rerender]] = {}
+    for i, (src, rerender) in enumerate(pending):
+        if rerender is None:
+            continue
+        recalled = tune.recall(KIND, workload_key(src), by_form)
+        if recalled is not None:
+            chosen[i] = src if by_form[recalled[0]] == DEFAULT else rerender(by_form[recalled[0]])
+        elif mode == "tune":
+            untuned.setdefault(src.name, ([], src, rerender))[0].append(i)
+    if untuned:
+        winners = _measure_all([(src, rerender) for _, src, rerender in untuned.values()])
+        for (indices, _, _), winner in zip(untuned.values(), winners):
+            for i in indices:
+                chosen[i] = winner
+    return chosen
+
+
+def _measure_all(kernels: list[tuple[KernelSource, Rerender]]) -> list[KernelSource]:
+    """Build every schedule of every kernel together, time each kernel's schedules
+    interleaved on random inputs, record and return each kernel's winner."""
+    variants = []
+    for src, rerender in kernels:
+        forms = {DEFAULT.describe(): src}
+        seen = {src.body}
+        for schedule in space()[1:]:
+            variant = rerender(schedule)
+            if variant.body not in seen:  # same code (a serial kernel's thread choices)
+                seen.add(variant.body)
+                forms[schedule.describe()] = variant
+        variants.append(forms)
+    try:
+        functions = build_functions([v for forms in variants for v in forms.values()])
+    except build.BuildError as err:  # a compiler that refuses a schedule's attributes
+        warn_once(f"opweave: the kernels' schedules could not be built, so they keep the "
+                  f"default ones: {err}", RuntimeWarning)
+        return [src for src, _ in kernels]
+    winners = []
+    for (src, _), forms in zip(kernels, variants):
+        samples = _time(forms, functions)
+        best = min(samples, key=lambda f: min(samples[f]))
+        if min(samples[best]) > (1 - MARGIN) * min(samples[DEFAULT.describe()]):
+            best = DEFAULT.describe()
+        tune.remember(KIND, workload_key(src), best, samples)
+        winners.append(forms[best])
+    return winners
+
+
+def build_functions(sources: list[KernelSource], per_unit: int = 16) -> dict[str, Callable]:
+    """Every function of `sources` (each kernel and its channels-last variant), built in
+    translation units of `per_unit` kernels, in parallel; raises build.BuildError."""
+    unique = {s.name: s for s in sources}
+    names = list(unique)
+    units = [names[i:i + per_unit] for i in range(0, len(names), per_unit)]
+    libs = build.load_many(["\n".join(unique[n].body for n in unit) for unit in units])
+    functions = {}
+    for unit, lib in zip(units, libs):
+        lib.ow_set_threads(torch.get_num_threads())
+        for n in unit:
+            for name in (n, unique[n].channels_last_name):
+                if name is not None:
+                    fn = getattr(lib, name)
+                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                    fn.restype = None
+                    functions[name] = fn
+    return functions
+
+
+def _example(v: Value) -> torch.Tensor:
+    if v.type.dtype == torch.bool:
+        return torch.rand(v.type.shape) < 0.5
+    return torch.randn(v.type.shape, dtype=v.type.dtype)
+
+
+def _time(forms: dict[str, KernelSource], functions) -> dict[str, list[float]]:
+    """Seconds per call of each form, ROUNDS interleaved samples after a warm-up, on
+    the same random inputs; a sample repeats the call until it lasts SAMPLE_SECONDS."""
+    first = next(iter(forms.values()))
+    outs = [torch.empty(v.type.shape, dtype=v.type.dtype) for v in first.outputs]
+    ins = [_example(v) for v in first.inputs]
+    argv = (ctypes.c_void_p * (len(outs) + len(ins)))(*[t.data_ptr() for t in [*outs, *ins]])
+    calls = {form: functions[src.name] for form, src in forms.items()}
+    default = calls[DEFAULT.describe()]
+    start = time.perf_counter()
+    default(argv)
+    repeat = max(1, min(1000, int(SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7))))
+    samples: dict[str, list[float]] = {form: [] for form in calls}
+    for r in range(ROUNDS + 1):
+        for form, fn in calls.items():
+            start = time.perf_counter()
+            for _ in range(repeat):
+                fn(argv)
+            if r:
+                samples[form].append((time.perf_counter() - start) / repeat)
+    return samples
