@@ -197,6 +197,8 @@ class PassRun:
         if on_gpu:
             executor = CudaGraphed(executor)
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
+        if lowered.rescheduled:
+            counts += f" ({lowered.rescheduled} on tuned schedules)"
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
                                 f"{lowered.partition.method} partition: {counts}"), None)
         if self.dump_dir is not None:

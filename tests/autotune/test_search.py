@@ -173,13 +173,17 @@ def test_a_trial_budget_stops_the_search(tmp_path, fake_worker):
 
 def test_tuning_a_real_model_records_a_configuration_the_next_compile_uses(tmp_path):
     """The real worker on the small XML-CNN, two trials: the record it writes is found by
-    `opweave.compile` on the same model (same graph key in another process)."""
+    `opweave.compile` on the same model (same graph key in another process), and so are
+    the schedules its kernels were tuned to."""
     from opweave.models import build
 
     db_path = tmp_path / "t.sqlite"
     db = open_db(db_path)
     result = search.tune_model("xmlcnn", db, small=True, trials=2, rounds=2, confirm=2)
     assert not result.baseline.error and result.best.samples
+    # its generated kernel's schedules were measured in a worker and recorded
+    schedules = [r for r in db.records() if r.kind == "kernel-schedule"]
+    assert schedules and all(len(r.samples) > 1 for r in schedules)
     bench = build("xmlcnn", small=True)
     compiled = opweave.compile(bench.module.eval(), bench.inputs,
                                options=Options(tuning_db=str(db_path), tuned=True))

@@ -11,6 +11,10 @@ configuration is measured. The best few are then timed again, interleaved in one
 with the baseline, since trials measured in separate processes drift with the machine's
 load; the fastest of that run becomes each graph's "graph-config" record, which
 `opweave.compile` and the Dynamo backend use from then on.
+
+The workers compile with `kernels="tune"`: a generated kernel's schedules are measured the
+first time a trial builds it and recorded ("kernel-schedule"), so every trial, the
+confirmation and later compiles run the same tuned kernels.
 """
 from __future__ import annotations
 
@@ -145,7 +149,8 @@ def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | N
     own = runner is None
     runner = runner or LocalRunner()
     request = {"model": model, "small": small, "threads": threads, "rounds": rounds,
-               "path": "dynamo" if dynamo else "export", "tuning_db": str(db.path)}
+               "path": "dynamo" if dynamo else "export", "tuning_db": str(db.path),
+               "kernels": "tune"}
     name = f"{model} via torch.compile" if dynamo else model
     search = _Search(name, db, small, request, runner, timeout, progress or (lambda line: None))
     try:

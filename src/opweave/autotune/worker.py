@@ -4,7 +4,8 @@ compiler kills only its worker (`python -m opweave.autotune.worker REQUEST.json 
 
 The request names the model (`opweave.models.build`), the path it is compiled through
 (`opweave.compile`, or `torch.compile(backend="opweave")` under no_grad, whose graphs
-differ), the configurations, the rounds and the thread count. The configurations are timed interleaved, one call of each per round,
+differ), the configurations, the rounds, the thread count, the tuning database and how
+the generated kernels' schedules are chosen (`Options.kernels`). The configurations are timed interleaved, one call of each per round,
 after checking each one's outputs against eager; the result gives, per configuration,
 every sample, the largest difference from eager, the compile time and the graph keys
 (tune/configs.py) its compile saw, or the error that stopped it.
@@ -68,6 +69,9 @@ def measure(request: dict) -> dict:
     os.environ["OPWEAVE_NATIVE"] = "wait"  # timed calls run the native plan, never Python
     if request.get("tuning_db"):  # the kernels' measured choices go where the search's do
         os.environ["OPWEAVE_TUNING_DB"] = request["tuning_db"]
+    # "tune": each generated kernel's schedule is measured at its first compile, recorded,
+    # and built from then on (codegen/kernel_schedule.py)
+    os.environ["OPWEAVE_KERNELS"] = request.get("kernels", "recorded")
     torch.set_num_threads(request["threads"])
     bench = build(request["model"], request.get("small", False))
     module = bench.module.eval()

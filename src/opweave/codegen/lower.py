@@ -53,6 +53,7 @@ class Lowered:
     partition: Partition | None
     sources: list[KernelSource] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    rescheduled: int = 0  # generated kernels built on a schedule other than the default
 
     def kernel_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -308,6 +309,7 @@ def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
             step.kind = "reference"
         return
     lowered.sources = list({src.name: src for src in chosen}.values())
+    lowered.rescheduled = sum(src is not default for (_, default, _), src in zip(pending, chosen))
     for (step, _, _), src in zip(pending, chosen):
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
         step.name = src.name
