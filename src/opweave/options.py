@@ -38,13 +38,13 @@ import re
 from dataclasses import dataclass, field, replace
 from typing import Mapping
 
+from .codegen.kernel_schedule import check_mode as check_kernels
 from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
 DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
 SCHEDULES = ("sequential", "ios", "critical-path")
-KERNEL_MODES = ("recorded", "default", "tune")
 PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
 # precisions the project plans that are not built, and why (said when one is asked for)
 UNBUILT_PRECISIONS = {
@@ -107,7 +107,7 @@ class Options:
         _check_budget(self.memory_budget)
         _choice("native", self.native, NATIVE_MODES)
         _choice("schedule", self.schedule, SCHEDULES)
-        _choice("kernels", self.kernels, KERNEL_MODES)
+        check_kernels(self.kernels)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf

@@ -29,12 +29,12 @@ import torch
 from .. import tune
 from ..ir.graph import Value
 from ..notices import warn_once
-from ..options import KERNEL_MODES
 from ..tune.target import describe
 from . import build
 from .render import KernelSource
 
 KIND = "kernel-schedule"  # the tuning database's name for this decision
+MODES = ("recorded", "default", "tune")  # Options.kernels
 MARGIN = 0.03  # a schedule replaces the default only when it measured this much faster
 ROUNDS = 7
 SAMPLE_SECONDS = 2e-4  # a timed sample repeats a short kernel until it lasts about this
@@ -72,8 +72,8 @@ def space() -> list[KernelSchedule]:
 
 
 def check_mode(mode: str) -> str:
-    if mode not in KERNEL_MODES:
-        raise ValueError(f"kernels must be one of {', '.join(KERNEL_MODES)}; got {mode!r}")
+    if mode not in MODES:
+        raise ValueError(f"kernels must be one of {', '.join(MODES)}; got {mode!r}")
     return mode
 
 
