@@ -173,17 +173,13 @@ def test_a_trial_budget_stops_the_search(tmp_path, fake_worker):
 
 def test_tuning_a_real_model_records_a_configuration_the_next_compile_uses(tmp_path):
     """The real worker on the small XML-CNN, two trials: the record it writes is found by
-    `opweave.compile` on the same model (same graph key in another process), and so are
-    the schedules its kernels were tuned to."""
+    `opweave.compile` on the same model (same graph key in another process)."""
     from opweave.models import build
 
     db_path = tmp_path / "t.sqlite"
     db = open_db(db_path)
     result = search.tune_model("xmlcnn", db, small=True, trials=2, rounds=2, confirm=2)
     assert not result.baseline.error and result.best.samples
-    # its generated kernel's schedules were measured in a worker and recorded
-    schedules = [r for r in db.records() if r.kind == "kernel-schedule"]
-    assert schedules and all(len(r.samples) > 1 for r in schedules)
     bench = build("xmlcnn", small=True)
     compiled = opweave.compile(bench.module.eval(), bench.inputs,
                                options=Options(tuning_db=str(db_path), tuned=True))
@@ -191,6 +187,40 @@ def test_tuning_a_real_model_records_a_configuration_the_next_compile_uses(tmp_p
     assert configs.describe_config(result.best.config) in graph.report("tuned")
     with torch.no_grad():
         torch.testing.assert_close(compiled(*bench.inputs), bench.module(*bench.inputs))
+
+
+def test_a_tuning_worker_measures_and_records_its_kernels_schedules(tmp_path, monkeypatch):
+    """The search's workers compile with kernels="tune": each generated kernel's schedules
+    are measured in the worker and recorded, and a compile with the database builds them.
+    Library forms by the cost model, no solver deadline: the plan, and so its one
+    generated kernel (the embeddings' adds and layer norm), never depends on timing."""
+    from opweave.models import build
+
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")
+    monkeypatch.setenv("OPWEAVE_DETERMINISTIC", "1")
+    db_path = tmp_path / "t.sqlite"
+    request = {"model": "bert-base", "small": True, "threads": 1, "rounds": 1,
+               "tuning_db": str(db_path), "kernels": "tune", "configs": [dict(configs.DEFAULT)]}
+    (trial,) = search.run_worker(request, timeout=600)
+    assert not trial.error and trial.samples
+    (record,) = [r for r in open_db(db_path).records() if r.kind == "kernel-schedule"]
+    assert len(record.samples) > 1 and record.config["form"] in record.samples
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the worker's thread count is part of the record's target
+    try:
+        bench = build("bert-base", small=True)
+        compiled = opweave.compile(bench.module.eval(), bench.inputs,
+                                   options=Options(tuning_db=str(db_path), measure=False,
+                                                   deterministic=True))
+    finally:
+        torch.set_num_threads(threads)
+    (kernel,) = [s for s in compiled.program.steps[0].executor.lowered_steps if s.kind == "cpp"]
+    # the record is keyed by the default source's name: the step runs it, or the winner
+    rescheduled = record.config["form"] != "threads=auto vector=auto"
+    assert (kernel.name in record.workload_text) != rescheduled
+    assert ("on tuned schedules" in compiled.program.compiled_graphs[0].report("lower")) \
+        == rescheduled
 
 
 def test_the_command_line(tmp_path, fake_worker, capsys):
