@@ -6,7 +6,9 @@ machine is its schedule: whether its row loop runs on the thread team or on one 
 microsecond to enter, which small kernels cannot repay, and where that line lies depends
 on the machine), the vector width the compiler prefers (GCC's choice for `-march=native`
 differs by CPU: 512 bits on some AVX-512 parts, 256 on others), and whether its loops
-are unrolled. None of these changes a computed value: every reduction keeps its order.
+are unrolled. None of these changes what is computed, only float rounding: a wider
+vector splits a row's sum over more lanes, and a column sum's partial sums follow the
+thread count.
 
 `choose` picks each pending kernel's schedule when a graph is lowered, by `Options.kernels`:
 "recorded" (default) takes the schedule the tuning database holds for the kernel on this
