@@ -25,6 +25,9 @@ Environment variables:
                          schedules: as the tuning database records them for this machine,
                          always the default ones, or measured where none is recorded
                          (codegen/kernel_schedule.py; `opweave tune MODEL` does this)
+  OPWEAVE_ALLOCATOR      keep (default) | system: keep memory freed between calls mapped
+                         (glibc's malloc thresholds, runtime/allocator.py), or leave the C
+                         library's policy alone
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation (codegen/precision.py)
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
@@ -39,6 +42,7 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 from .codegen.kernel_schedule import check_mode as check_kernels
+from .runtime.allocator import check_mode as check_allocator
 from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
@@ -98,6 +102,10 @@ class Options:
     # (the tuning database's for this machine, else the default), "default", or "tune"
     # (measured where none is recorded, then recorded; codegen/kernel_schedule.py)
     kernels: str = "recorded"
+    # "keep": memory freed between a compiled model's calls stays mapped in the process
+    # (no page faults on every call); "system": the C library's own policy
+    # (runtime/allocator.py)
+    allocator: str = "keep"
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -108,6 +116,7 @@ class Options:
         _choice("native", self.native, NATIVE_MODES)
         _choice("schedule", self.schedule, SCHEDULES)
         check_kernels(self.kernels)
+        check_allocator(self.allocator)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf
@@ -161,6 +170,7 @@ class Options:
                    precision=env.get("OPWEAVE_PRECISION", "").strip().lower() or "fp32",
                    schedule=env.get("OPWEAVE_SCHEDULE", "").strip().lower() or "sequential",
                    kernels=env.get("OPWEAVE_KERNELS", "").strip().lower() or "recorded",
+                   allocator=env.get("OPWEAVE_ALLOCATOR", "").strip().lower() or "keep",
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 

@@ -30,7 +30,7 @@ from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
 from .codegen import int8
-from .runtime import Executor
+from .runtime import Executor, allocator
 from .runtime.executor import copied_from
 from .runtime.cuda_graphs import CudaGraphed
 
@@ -148,6 +148,9 @@ class PassRun:
             raise RuntimeError(f"device={device!r} was asked for {graph.name}, but torch "
                                f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
                                "'auto'")
+        # before anything is measured, so measurements see memory as the calls will
+        kept = "; freed memory kept for the next call" \
+            if not on_gpu and allocator.apply(self.options.allocator) else ""
         quantized = precision.startswith("int8")
         if quantized and on_gpu:
             raise ValueError(f"precision={precision!r} runs on the CPU (oneDNN's int8 "
@@ -173,7 +176,7 @@ class PassRun:
                 steps = self._rematerialized(graph, steps)
             executor = self._executor(graph, steps, device)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
-                                    "fusion off: one step per op"), None)
+                                    "fusion off: one step per op" + kept), None)
             return executor
         try:
             with tune.using(tune.open_db(self.options.tuning_db)):
@@ -199,6 +202,7 @@ class PassRun:
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         if lowered.rescheduled:
             counts += f" ({lowered.rescheduled} on tuned schedules)"
+        counts += kept
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
                                 f"{lowered.partition.method} partition: {counts}"), None)
         if self.dump_dir is not None:

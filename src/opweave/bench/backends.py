@@ -120,8 +120,10 @@ def _program_notes(programs) -> list[str]:
     for method in dict.fromkeys(low.partition.method for low in lowered):
         counts = [low.kernel_counts() for low in lowered if low.partition.method == method]
         library, cpp, op = (sum(c.get(k, 0) for c in counts) for k in ("library", "cpp", "op"))
-        notes.append(f"{method} fusion: {library} library + {cpp} generated kernels, "
-                     f"{op} single ops")
+        rescheduled = sum(low.rescheduled for low in lowered if low.partition.method == method)
+        notes.append(f"{method} fusion: {library} library + {cpp} generated kernels"
+                     + (f" ({rescheduled} on tuned schedules)" if rescheduled else "")
+                     + f", {op} single ops")
     steps = [s for low in lowered for s in low.steps]
     in_bf16, eligible = tally(steps, "bf16")
     if in_bf16:
