@@ -374,6 +374,48 @@ def _refuse(*_):
 
 
 @needs_gxx
+@pytest.mark.parametrize("shape,kernel,stride,padding,ceil", [
+    ((1, 64, 112, 112), 3, 2, 1, False),   # ResNet's
+    ((2, 5, 9, 11), 3, 2, 1, True),        # a last window past the input (ceil mode)
+    ((1, 300, 7, 6), 2, 1, 0, False),      # many channels, every row parallel
+    ((1, 3, 8, 8), (3, 2), (2, 3), (1, 0), False)])
+def test_max_pool_kernel_matches_torch_in_both_layouts(shape, kernel, stride, padding, ceil):
+    """Max pooling as a generated kernel: padding is a window clipped to the input, a NaN in
+    a window is its maximum; on a channels-last input it writes a channels-last output."""
+    pair = lambda v: list(v) if isinstance(v, tuple) else [v, v]  # noqa: E731
+    attrs = {"kernel": pair(kernel), "stride": pair(stride), "padding": pair(padding),
+             "ceil_mode": ceil}
+    g = Graph("g")
+    x = g.add_input("x", TensorType(shape, torch.float32))
+    g.outputs = [g.add1("max_pool2d", [x], attrs)]
+    lowered = lower(g, "greedy", measure=False)
+    assert [s.kind for s in lowered.steps] == ["cpp"]
+    data = torch.randn(shape)
+    data.view(-1)[::97] = float("nan")
+    data.view(-1)[5::89] = float("-inf")
+    want = torch.nn.functional.max_pool2d(data, pair(kernel), pair(stride), pair(padding),
+                                          ceil_mode=ceil)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(data)[0], want,
+                               equal_nan=True, rtol=0, atol=0)
+    kernel_fn = lowered.steps[0].fn
+    torch_ops, kernel_fn.fallback = kernel_fn.fallback, _refuse
+    got = Executor(g, steps=lowered.steps)(data.contiguous(memory_format=torch.channels_last))[0]
+    kernel_fn.fallback = torch_ops
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+
+
+@needs_gxx
+def test_max_pool_with_indices_or_dilation_stays_in_torch():
+    for extra in ({"with_indices": True}, {"dilation": [2, 2]}):
+        g = Graph("g")
+        x = g.add_input("x", TensorType((1, 4, 9, 9), torch.float32))
+        outs = g.add("max_pool2d", [x], {"kernel": [3, 3], "stride": [1, 1], **extra})
+        g.outputs = [outs[0]]
+        assert [s.kind for s in lower(g, "greedy", measure=False).steps] == ["op"]
+
+
+@needs_gxx
 def test_adaptive_max_pool_with_indices_stays_in_torch():
     g = Graph("g")
     x = g.add_input("x", TensorType((1, 4, 1, 9), torch.float32))

@@ -339,6 +339,7 @@ class CppKernel:
         # the same kernel for a channels-last input (its outputs row-major), if it has one
         self.channels_last = None if channels_last_fn is None else \
             (channels_last_fn, ctypes.cast(channels_last_fn, ctypes.c_void_p).value)
+        self.channels_last_out = src.channels_last_out
 
     def __call__(self, *inputs):
         fn, address = self.fn, self.address
@@ -348,7 +349,9 @@ class CppKernel:
             elif self.fallback is not None:
                 return self.fallback(*inputs)
         if fn is not self.fn:
-            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
+            layout = torch.channels_last if self.channels_last_out else torch.contiguous_format
+            outs = [torch.empty(shape, dtype=dtype, memory_format=layout)
+                    for shape, dtype in self.out_types]
             ins = inputs
         elif self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
             outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in self.out_types]

@@ -44,7 +44,9 @@ class KernelSource:
     # torch ops instead of copying (what CppKernel does for the others)
     contiguous_only: bool = False
     # a second function in `body`, for a channels-last 4-D input, writing the same output
+    # (row-major), or a channels-last one where `channels_last_out`
     channels_last_name: str | None = None
+    channels_last_out: bool = False
 
 
 class GroupEmitter:
