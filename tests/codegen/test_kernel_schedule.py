@@ -50,6 +50,15 @@ def _layer_norm(rows=300, width=96) -> Graph:
     return g
 
 
+def _row_sum() -> Graph:
+    """exp, its row sum, and a division by it: a row-sum kernel with an epilogue."""
+    g = Graph("rowsum")
+    x = g.add_input("x", TensorType((200, 80), F32))
+    e = g.add1("exp", [x])
+    g.outputs = [g.add1("div", [e, g.add1("sum", [e], {"dims": [-1], "keepdim": True})])]
+    return g
+
+
 def _broadcast_rows() -> Graph:
     g = Graph("rows")
     x = g.add_input("x", TensorType((2, 300, 64), F32))
@@ -65,7 +74,15 @@ GRAPHS = {
     "softmax": (lambda: attention_scores(heads=4, seq=96),
                 lambda: (torch.randn(1, 4, 96, 96), torch.randn(1, 1, 1, 96))),
     "column sum": (_column_sum, lambda: (torch.randn(3000, 24),)),
+    "row sum": (_row_sum, lambda: (torch.randn(200, 80),)),
 }
+
+
+@pytest.fixture(autouse=True)
+def _forget_this_process_choices():
+    kernel_schedule._CHOSEN.clear()
+    yield
+    kernel_schedule._CHOSEN.clear()
 
 
 @pytest.fixture
@@ -99,6 +116,7 @@ def test_every_schedule_computes_what_the_reference_ops_do(kind, db):
 def _lower_with(g: Graph, schedule: KernelSchedule):
     """`g` lowered with every generated kernel under `schedule` (recorded for it first)."""
     first = lower(g, "ilp", measure=False, kernels="default")
+    kernel_schedule._CHOSEN.clear()  # what this process chose before does not count
     for src in first.sources:
         if src.name.startswith("ow_k_"):
             tune.remember(kernel_schedule.KIND, kernel_schedule.workload_key(src),
@@ -106,10 +124,21 @@ def _lower_with(g: Graph, schedule: KernelSchedule):
     return lower(g, "ilp", measure=False, kernels="recorded")
 
 
-def test_the_default_schedule_renders_the_source_it_always_did():
-    for g in (_layer_norm(), _elementwise(), _column_sum(), _broadcast_rows()):
-        for nodes, escapes in _kernel_groups(g):
-            assert render(g, nodes, escapes, DEFAULT).body == render(g, nodes, escapes).body
+# each kind's kernel as opweave named it before kernels had schedules: the name hashes the
+# source, and records and cached objects are keyed by it
+NAMES_BEFORE_SCHEDULES = {"elementwise": "ow_k_9e9014653317cbd4",
+                          "column sum": "ow_k_a09f3415b0df0371",
+                          "row reduction": "ow_k_153cc11a6fbd3bed",
+                          "row loop": "ow_k_38fb93c0f0cfb4e1",
+                          "row sum": "ow_k_fbca3a3d97168d66"}
+
+
+@pytest.mark.parametrize("kind", list(NAMES_BEFORE_SCHEDULES))
+def test_the_default_schedule_renders_the_source_it_always_did(kind):
+    g = GRAPHS[kind][0]()
+    (nodes, escapes), = list(_kernel_groups(g))
+    assert render(g, nodes, escapes, DEFAULT).name == NAMES_BEFORE_SCHEDULES[kind]
+    assert render(g, nodes, escapes, DEFAULT).body == render(g, nodes, escapes).body
 
 
 def test_schedule_choices_show_in_the_source():
@@ -135,6 +164,7 @@ def test_tuning_records_each_kernel_once_and_a_warm_compile_measures_nothing(db,
     assert all(set(r.samples) >= {DEFAULT.describe()} for r in records)
 
     monkeypatch.setattr(kernel_schedule, "_time", lambda *a: pytest.fail("measured again"))
+    kernel_schedule._CHOSEN.clear()  # another process: the records answer
     again = lower(g, "ilp", measure=False, kernels="tune")
     assert [s.body for s in again.sources] == [s.body for s in tuned.sources]
     recorded = lower(g, "ilp", measure=False, kernels="recorded")
@@ -165,6 +195,15 @@ def test_the_default_stays_unless_another_schedule_is_clearly_faster(faster, kep
     (record,) = [r for r in db.records() if r.kind == kernel_schedule.KIND]
     assert (record.config["form"] == DEFAULT.describe()) == kept
     assert (src.body == default.body) == kept
+
+
+def test_an_unreadable_database_leaves_kernels_on_their_default_schedules(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with tune.using(tune.open_db(blocker / "tuning.sqlite")):
+        with pytest.warns(UserWarning, match="could not be read"):
+            lowered = lower(_elementwise(), "ilp", measure=False, kernels="recorded")
+    assert lowered.kernel_counts() == {"cpp": 1} and lowered.rescheduled == 0
 
 
 def test_the_kernels_option_is_checked_and_read_from_the_environment():

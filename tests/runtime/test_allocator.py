@@ -36,11 +36,12 @@ def _faults_per_call(mode: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.skipif(not allocator.is_glibc(), reason="the C library is not glibc")
 def test_kept_memory_is_not_faulted_in_again_on_every_call():
-    if not allocator.keep_freed_memory():
-        pytest.skip("the C library is not glibc")
+    assert allocator.keep_freed_memory()  # glibc takes the thresholds
     system, keep = _faults_per_call("system"), _faults_per_call("keep")
-    assert system > 100 and keep < 10, (system, keep)
+    # 40 MB is 10,240 pages of 4 KiB, or 20 where transparent huge pages back it
+    assert system >= 15 and keep * 10 <= system, (system, keep)
 
 
 class Small(torch.nn.Module):

@@ -71,7 +71,8 @@ def measure(request: dict) -> dict:
         os.environ["OPWEAVE_TUNING_DB"] = request["tuning_db"]
     # "tune": each generated kernel's schedule is measured at its first compile, recorded,
     # and built from then on (codegen/kernel_schedule.py)
-    os.environ["OPWEAVE_KERNELS"] = request.get("kernels", "recorded")
+    if "kernels" in request:
+        os.environ["OPWEAVE_KERNELS"] = request["kernels"]
     torch.set_num_threads(request["threads"])
     bench = build(request["model"], request.get("small", False))
     module = bench.module.eval()

@@ -14,7 +14,8 @@ thread count.
 "recorded" (default) takes the schedule the tuning database holds for the kernel on this
 machine, else the default; "default" ignores the records; "tune" measures every
 schedule of the kernels without a record (built together, timed interleaved on random
-inputs, the default kept unless another is MARGIN faster) and records the winner. Tuning
+inputs, the default kept unless another is MARGIN faster) and records the winner; each
+kernel's choice is also kept for the process. Tuning
 is asked for by `opweave tune MODEL` (autotune/search.py), in a worker process; a
 compile never measures kernels unless told to.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sqlite3
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -31,7 +33,8 @@ import torch
 from .. import tune
 from ..ir.graph import Value
 from ..notices import warn_once
-from ..tune.target import describe
+from ..tune.db import TuningDBError, TuningDBWarning
+from ..tune.target import describe, target_id
 from . import build
 from .render import KernelSource
 
@@ -89,49 +92,80 @@ def workload_key(src: KernelSource) -> tuple:
 Rerender = Callable[[KernelSchedule], KernelSource]
 
 
+_CHOSEN: dict[tuple, str] = {}  # (workload key, target) -> form: this process's choices
+
+
+def _memo_key(src: KernelSource) -> tuple:
+    return workload_key(src), target_id(describe())
+
+
 def choose(pending: list[tuple[KernelSource, Rerender | None]], mode: str) -> list[KernelSource]:
     """Each pending kernel's source under its chosen schedule (see the module's doc);
-    kernels without a `Rerender` (templates) keep their default."""
+    kernels without a `Rerender` (templates) keep their default. A database that cannot
+    be read counts as holding no record (a warning says so once)."""
     check_mode(mode)
     chosen = [src for src, _ in pending]
     if mode == "default":
         return chosen
     by_form = {s.describe(): s for s in space()}
-    untuned: dict[str, tuple[list[int], KernelSource, Rerender]] = {}
+    kernels: dict[str, tuple[list[int], KernelSource, Rerender]] = {}
     for i, (src, rerender) in enumerate(pending):
-        if rerender is None:
-            continue
-        recalled = tune.recall(KIND, workload_key(src), by_form)
-        if recalled is not None:
-            chosen[i] = src if by_form[recalled[0]] == DEFAULT else rerender(by_form[recalled[0]])
-        elif mode == "tune":
-            untuned.setdefault(src.name, ([], src, rerender))[0].append(i)
+        if rerender is not None:
+            kernels.setdefault(src.name, ([], src, rerender))[0].append(i)
+    untuned = []
+    for indices, src, rerender in kernels.values():
+        form = _recalled(src, by_form)
+        if form is None and mode == "tune":
+            untuned.append((indices, src, rerender))
+        elif form is not None and by_form[form] != DEFAULT:
+            variant = rerender(by_form[form])
+            for i in indices:
+                chosen[i] = variant
     if untuned:
-        winners = _measure_all([(src, rerender) for _, src, rerender in untuned.values()])
-        for (indices, _, _), winner in zip(untuned.values(), winners):
+        winners = _measure_all([(src, rerender) for _, src, rerender in untuned])
+        for (indices, _, _), winner in zip(untuned, winners):
             for i in indices:
                 chosen[i] = winner
     return chosen
 
 
+def _recalled(src: KernelSource, by_form: dict) -> str | None:
+    """The form chosen for `src` in this process or recorded for this machine, if any."""
+    key = _memo_key(src)
+    if key not in _CHOSEN:
+        try:
+            recalled = tune.recall(KIND, key[0], by_form)
+        except (OSError, sqlite3.Error, TuningDBError) as err:
+            warn_once(f"opweave: the tuning database could not be read ({err}), so the "
+                      "generated kernels keep their default schedules", TuningDBWarning)
+            recalled = None
+        if recalled is None:
+            return None
+        _CHOSEN[key] = recalled[0]
+    return _CHOSEN[key]
+
+
+def _remember(src: KernelSource, form: str, samples: dict[str, list[float]]) -> None:
+    _CHOSEN[_memo_key(src)] = form
+    try:
+        tune.remember(KIND, workload_key(src), form, samples)
+    except (OSError, sqlite3.Error, TuningDBError) as err:
+        warn_once(f"opweave: the tuning database could not be written ({err}); the "
+                  "kernels' measured schedules hold for this process only", TuningDBWarning)
+
+
 def _measure_all(kernels: list[tuple[KernelSource, Rerender]]) -> list[KernelSource]:
     """Build every schedule of every kernel together, time each kernel's schedules
     interleaved on random inputs, record and return each kernel's winner."""
-    variants = []
-    for src, rerender in kernels:
-        forms = {DEFAULT.describe(): src}
-        seen = {src.body}
-        for schedule in space()[1:]:
-            variant = rerender(schedule)
-            if variant.body not in seen:  # same code (a serial kernel's thread choices)
-                seen.add(variant.body)
-                forms[schedule.describe()] = variant
-        variants.append(forms)
+    variants = [{s.describe(): (src if s == DEFAULT else rerender(s)) for s in space()}
+                for src, rerender in kernels]
     try:
         functions = build_functions([v for forms in variants for v in forms.values()])
     except build.BuildError as err:  # a compiler that refuses a schedule's attributes
         warn_once(f"opweave: the kernels' schedules could not be built, so they keep the "
                   f"default ones: {err}", RuntimeWarning)
+        for src, _ in kernels:  # not tried again in this process
+            _CHOSEN[_memo_key(src)] = DEFAULT.describe()
         return [src for src, _ in kernels]
     winners = []
     for (src, _), forms in zip(kernels, variants):
@@ -139,7 +173,7 @@ def _measure_all(kernels: list[tuple[KernelSource, Rerender]]) -> list[KernelSou
         best = min(samples, key=lambda f: min(samples[f]))
         if min(samples[best]) > (1 - MARGIN) * min(samples[DEFAULT.describe()]):
             best = DEFAULT.describe()
-        tune.remember(KIND, workload_key(src), best, samples)
+        _remember(src, best, samples)
         winners.append(forms[best])
     return winners
 
@@ -171,23 +205,25 @@ def _example(v: Value) -> torch.Tensor:
 
 
 def _time(forms: dict[str, KernelSource], functions) -> dict[str, list[float]]:
-    """Seconds per call of each form, ROUNDS interleaved samples after a warm-up, on
-    the same random inputs; a sample repeats the call until it lasts SAMPLE_SECONDS."""
+    """Seconds per call of each form, ROUNDS interleaved samples (each round in another
+    order) after a warm-up round, on the same random inputs; a sample repeats the call
+    until it lasts about SAMPLE_SECONDS, the count set from the warmed-up default."""
     first = next(iter(forms.values()))
     outs = [torch.empty(v.type.shape, dtype=v.type.dtype) for v in first.outputs]
     ins = [_example(v) for v in first.inputs]
     argv = (ctypes.c_void_p * (len(outs) + len(ins)))(*[t.data_ptr() for t in [*outs, *ins]])
-    calls = {form: functions[src.name] for form, src in forms.items()}
-    default = calls[DEFAULT.describe()]
+    calls = [(form, functions[src.name]) for form, src in forms.items()]
+    for _, fn in calls:  # warm-up: code, data and the thread team
+        fn(argv)
     start = time.perf_counter()
-    default(argv)
+    calls[0][1](argv)
     repeat = max(1, min(1000, int(SAMPLE_SECONDS / max(time.perf_counter() - start, 1e-7))))
-    samples: dict[str, list[float]] = {form: [] for form in calls}
-    for r in range(ROUNDS + 1):
-        for form, fn in calls.items():
+    samples: dict[str, list[float]] = {form: [] for form, _ in calls}
+    for r in range(ROUNDS):
+        shift = r % len(calls)
+        for form, fn in calls[shift:] + calls[:shift]:
             start = time.perf_counter()
             for _ in range(repeat):
                 fn(argv)
-            if r:
-                samples[form].append((time.perf_counter() - start) / repeat)
+            samples[form].append((time.perf_counter() - start) / repeat)
     return samples

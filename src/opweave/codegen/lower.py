@@ -107,7 +107,8 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
           kernels: str = "recorded") -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
-    form (deterministic; tests that count kernels use it). `precision`: "bf16" computes
+    form (deterministic; tests that count kernels use it; the generated kernels' schedules
+    still come from the tuning database under kernels="recorded"). `precision`: "bf16" computes
     products, convolutions and attention on bfloat16 operands (codegen/precision.py).
     Nodes in `apart` are fused with nothing (masks the memory budget keeps).
     `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels

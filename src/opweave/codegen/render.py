@@ -10,7 +10,8 @@ strides, baked in as constants: a bias indexes by column, a per-channel scale by
 formula. A row reduction computes its input row into a buffer, reduces it, then runs the
 epilogue; prologue values the epilogue needs are recomputed rather than stored. A column
 sum accumulates each thread's rows into its own partial sums, added up in thread order
-afterwards (deterministic for a given thread count).
+afterwards (deterministic for a given thread count and schedule: a recorded schedule,
+codegen/kernel_schedule.py, may run it on one thread).
 Signature: `void name(void** args)`, args = outputs then inputs, all contiguous.
 """
 from __future__ import annotations
@@ -391,7 +392,8 @@ def _column_sum_kernel(em, members, reduce, total, threads: str = "auto") -> lis
     team = f"({condition[threads]}) ? ow_team() : 1" if threads in condition else "1"
     lines = [f"  const int nt = {team};",
              f"  std::vector<float> part((size_t)nt * {c}, 0.0f);",
-             "  #pragma omp parallel for num_threads(nt) schedule(static, 1)",
+             *(["  #pragma omp parallel for num_threads(nt) schedule(static, 1)"]
+               if threads in condition else []),
              "  for (int t = 0; t < nt; ++t) {",
              f"    float* __restrict acc = part.data() + (size_t)t * {c};",
              f"    for (int64_t r = {rows} * t / nt; r < {rows} * (t + 1) / nt; ++r) {{",
