@@ -346,8 +346,8 @@ def link_requantization(graph, steps) -> list[CodeGather]:
             made_by[v] = step
     outputs = set(graph.outputs)
 
-    def passes(step) -> bool:
-        return step.kind == "op" and len(step.nodes) == 1 and passes_codes(step.nodes[0])
+    def passes(step) -> bool:  # a view op, or a max pooling (a torch op or a template kernel)
+        return step.kind in ("op", "cpp") and len(step.nodes) == 1 and passes_codes(step.nodes[0])
 
     def int8_uses(v, found) -> bool:
         uses = readers.get(v)
