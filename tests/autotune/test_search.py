@@ -56,7 +56,7 @@ def test_a_recorded_configuration_is_used_reported_and_overridden(tmp_path, monk
     (graph,) = again.program.compiled_graphs
     assert "rewrite=off fusion=off from the tuning database" in graph.report("tuned")
     assert graph.options.fusion == "off" and graph.options.rewrite.engine == "off"
-    assert graph.report("lower") == "fusion off: one step per op"
+    assert graph.report("lower").startswith("fusion off: one step per op")
     with torch.no_grad():
         torch.testing.assert_close(again(x), model(x))
     report = str(opweave.explain(model, (x,), graph_breaks=False))
