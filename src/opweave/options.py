@@ -25,6 +25,8 @@ Environment variables:
                          schedules: as the tuning database records them for this machine,
                          always the default ones, or measured where none is recorded
                          (codegen/kernel_schedule.py; `opweave tune MODEL` does this)
+  OPWEAVE_RECHECK        0 (default) | 1: measure the recorded library forms again and
+                         decide on all their samples (`opweave tune MODEL` does)
   OPWEAVE_ALLOCATOR      keep (default) | system: keep memory freed between calls mapped
                          (glibc's malloc thresholds, runtime/allocator.py), or leave the C
                          library's policy alone
@@ -106,6 +108,10 @@ class Options:
     # (no page faults on every call); "system": the C library's own policy
     # (runtime/allocator.py)
     allocator: str = "keep"
+    # measure the library forms the tuning database records again, and decide each on its
+    # record's samples and the new ones together (a record measured under load is then
+    # corrected: noise only adds time); `opweave tune MODEL`'s workers do
+    recheck: bool = False
 
     def __post_init__(self):
         _choice("fusion", self.fusion, FUSION_MODES)
@@ -171,6 +177,7 @@ class Options:
                    schedule=env.get("OPWEAVE_SCHEDULE", "").strip().lower() or "sequential",
                    kernels=env.get("OPWEAVE_KERNELS", "").strip().lower() or "recorded",
                    allocator=env.get("OPWEAVE_ALLOCATOR", "").strip().lower() or "keep",
+                   recheck=_flag(env, "OPWEAVE_RECHECK", False),
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)
 

@@ -184,7 +184,7 @@ class PassRun:
                                 ilp_seconds=self.options.partition_seconds,
                                 precision=precision, apart=frozenset(masks),
                                 target="triton" if on_gpu else "cpp",
-                                kernels=self.options.kernels)
+                                kernels=self.options.kernels, recheck=self.options.recheck)
         except Exception as err:  # noqa: BLE001  (a fusion bug must not cost the model)
             reason = f"{type(err).__name__}: {err}"
             warn_once(f"opweave: fusion failed on {graph.name} and was skipped: {reason}",

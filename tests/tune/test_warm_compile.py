@@ -54,6 +54,37 @@ def test_a_warm_compile_measures_nothing_and_gives_the_same_plan(tmp_path, monke
         torch.testing.assert_close(warm(x), model(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_recheck_measures_recorded_forms_again_and_decides_on_every_sample(tmp_path):
+    """Records taken as if under heavy load (every form 1 s, the reference chosen) are
+    measured again under `recheck`: each keeps its old samples, gains new ones, and is
+    decided on all of them, so the inflated times no longer choose."""
+    from opweave import tune
+    from opweave.tune.db import Record
+
+    model, x = Net().eval(), torch.randn(1, 3, 6, 6)
+    path = str(tmp_path / "tuning.sqlite")
+    _forget_process_memos()
+    opweave.compile(model, (x,), options=Options(tuning_db=path))
+    db = tune.open_db(path)
+    records = [r for r in db.records() if r.kind == library.KIND]
+    assert records
+    for r in records:
+        loaded = {form: [1.0] * len(times) for form, times in r.samples.items()}
+        db.put(Record(r.kind, r.workload, r.target, r.workload_text,
+                      {**r.config, "form": "reference"}, 1.0, loaded))
+    _forget_process_memos()
+    rechecked = opweave.compile(model, (x,), options=Options(tuning_db=path, recheck=True))
+    for r in records:
+        again = db.get(r.kind, r.workload, r.target)
+        for form, times in again.samples.items():
+            old = len(r.samples[form])
+            assert times[:old] == [1.0] * old and len(times) > old
+        assert again.seconds < 1.0
+        assert again.config["form"] == min(again.samples, key=lambda f: min(again.samples[f]))
+    with torch.no_grad():
+        torch.testing.assert_close(rechecked(x), model(x), rtol=1e-4, atol=1e-5)
+
+
 def test_without_a_database_choices_are_measured_every_process(tmp_path, monkeypatch):
     model, x = Net().eval(), torch.randn(1, 3, 6, 6)
     options = Options(tuning_db=None)

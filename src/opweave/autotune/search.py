@@ -14,7 +14,9 @@ load; the fastest of that run becomes each graph's "graph-config" record, which
 
 The workers compile with `kernels="tune"`: a generated kernel's schedules are measured the
 first time a trial builds it and recorded ("kernel-schedule"), so every trial, the
-confirmation and later compiles run the same tuned kernels.
+confirmation and later compiles run the same tuned kernels. They also compile with
+`recheck`: every library form the model meets is measured again and decided on all its
+samples, so a record taken under load is corrected.
 """
 from __future__ import annotations
 
@@ -150,7 +152,7 @@ def tune_model(model: str, db: TuningDB, *, small: bool = False, trials: int | N
     runner = runner or LocalRunner()
     request = {"model": model, "small": small, "threads": threads, "rounds": rounds,
                "path": "dynamo" if dynamo else "export", "tuning_db": str(db.path),
-               "kernels": "tune"}
+               "kernels": "tune", "recheck": True}
     name = f"{model} via torch.compile" if dynamo else model
     search = _Search(name, db, small, request, runner, timeout, progress or (lambda line: None))
     try:

@@ -73,6 +73,8 @@ def measure(request: dict) -> dict:
     # and built from then on (codegen/kernel_schedule.py)
     if "kernels" in request:
         os.environ["OPWEAVE_KERNELS"] = request["kernels"]
+    if request.get("recheck"):  # recorded library forms measured again (Options.recheck)
+        os.environ["OPWEAVE_RECHECK"] = "1"
     torch.set_num_threads(request["threads"])
     bench = build(request["model"], request.get("small", False))
     module = bench.module.eval()

@@ -454,6 +454,20 @@ def by_size_class():
         _BY_SIZE_CLASS.reset(token)
 
 
+# Within `rechecking`, recorded forms are measured again and each keeps its fastest sample
+# of every run (noise only adds time, so a record measured under load is corrected).
+_RECHECK: ContextVar[bool] = ContextVar("opweave_library_recheck", default=False)
+
+
+@contextmanager
+def rechecking(on: bool = True):
+    token = _RECHECK.set(on)
+    try:
+        yield
+    finally:
+        _RECHECK.reset(token)
+
+
 def _rounded(match: re.Match) -> str:
     dims = [int(d) for d in match.group(1).split(",") if d]
     return "[" + ",".join(str(d if d <= 2 else 1 << (d - 1).bit_length()) for d in dims) + "]"
@@ -488,6 +502,8 @@ def measured(key: tuple, work: float = 0.0) -> float | None:
     its class's scaled to `work` FLOPs where the signature itself was never measured."""
     if _memo_key(key) in _CHOICES:
         return _CHOICES[_memo_key(key)][1]
+    if _RECHECK.get():
+        return None  # measured again by `choose`
     recalled = tune.recall(KIND, key, _ANY) or _by_class(key, _ANY, work)
     return recalled[1] if recalled else None
 
@@ -502,15 +518,21 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     measurement is recorded for the class too (`work`: the anchor's FLOPs).
     The minimum, not the median: on a shared machine noise only adds time, and medians of
     7 runs picked an unfused convolution + ReLU over the fused one in a third of ResNet's
-    groups."""
+    groups. Within `rechecking`, a recorded choice is measured again and decided on the
+    record's samples and the new ones together."""
     memo = _memo_key(key)
     if memo in _CHOICES and _CHOICES[memo][0] in candidates:
         return _CHOICES[memo]
-    recalled = tune.recall(KIND, key, candidates) or _by_class(key, candidates, work)
+    recheck = _RECHECK.get()
+    recalled = None if recheck else \
+        tune.recall(KIND, key, candidates) or _by_class(key, candidates, work)
     if recalled is None:
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
         samples = measure(tune.shortlist(KIND, key, candidates, tune.active()), args, rounds)
+        if recheck:  # with every earlier sample of today's forms
+            earlier = tune.recorded_samples(KIND, key)
+            samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
         best = _preferring_int8(samples) if ("precision", "int8") in key else \
             min(samples, key=lambda name: min(samples[name]))
         tune.remember(KIND, key, best, samples)

@@ -104,7 +104,7 @@ def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
 def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
           ilp_seconds: float = 2.0, precision: str = "fp32",
           apart: frozenset[Node] = frozenset(), target: str = "cpp",
-          kernels: str = "recorded") -> Lowered:
+          kernels: str = "recorded", recheck: bool = False) -> Lowered:
     """Partition `graph` by `mode` ("ilp", "greedy"; "off": one step per op) and build its
     kernels. `measure=False` costs anchors by the roofline and always takes the library
     form (deterministic; tests that count kernels use it; the generated kernels' schedules
@@ -113,13 +113,20 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     Nodes in `apart` are fused with nothing (masks the memory budget keeps).
     `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels
     and torch's CUDA libraries, for GPU tensors; codegen/triton). `kernels`: how the
-    generated C++ kernels' schedules are chosen (codegen/kernel_schedule.py)."""
+    generated C++ kernels' schedules are chosen (codegen/kernel_schedule.py); `recheck`:
+    measure the recorded library forms again (`library.rechecking`)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
     kernel_schedule.check_mode(kernels)
     if mode != "off" and target == "triton":
         from .triton.lower import lower_for_triton
         return lower_for_triton(graph, mode, ilp_seconds, precision, apart)
+    with library.rechecking(recheck):
+        return _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels)
+
+
+def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> Lowered:
+    """`lower` onto C++ kernels and oneDNN, or one step per op for `mode="off"`."""
     if mode == "off":
         steps = [op_step(n, precision) for n in graph.nodes if n.op != "constant"]
         if precision == "bf16":

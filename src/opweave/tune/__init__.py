@@ -85,6 +85,15 @@ def recall(kind: str, key, candidates, db: TuningDB | None = None) -> tuple[str,
     return record.config["form"], record.seconds
 
 
+def recorded_samples(kind: str, key, db: TuningDB | None = None) -> dict[str, list[float]]:
+    """Every sample of the current record of this workload on this machine ({} if none)."""
+    db = db or active()
+    if db is None:
+        return {}
+    record = db.get(kind, workload(kind, key)[0], target_id(describe()))
+    return dict(record.samples) if record is not None and is_current(record) else {}
+
+
 def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
              db: TuningDB | None = None) -> None:
     db = db or active()
@@ -100,5 +109,5 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "is_current", "recall", "remember", "REVISIONS", "shortlist", "workload",
+           "active", "is_current", "recall", "recorded_samples", "remember", "REVISIONS", "shortlist", "workload",
            "DEFAULT", "default_path"]
