@@ -264,13 +264,19 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
 
 
-def _parallel(threads: str, auto: str, team: str | None) -> str | None:
-    """The OpenMP clauses of a row loop's parallel region under a schedule's `threads`
-    ("auto": the team when the `auto` condition holds; "team": when `team` holds, always
-    where it is None; "one": no region at all)."""
+def _condition(threads: str, auto: str, team: str | None) -> str | None:
+    """When a loop runs on the thread team under a schedule's `threads`: the `auto`
+    condition, the `team` one ("" for always, where it is None), or None ("one": never)."""
     if threads == "one":
         return None
-    condition = auto if threads == "auto" else team
+    return auto if threads == "auto" else (team or "")
+
+
+def _parallel(threads: str, auto: str, team: str | None) -> str | None:
+    """The OpenMP clauses of a row loop's parallel region (None: no region at all)."""
+    condition = _condition(threads, auto, team)
+    if condition is None:
+        return None
     return "num_threads(ow_team())" + (f" if({condition})" if condition else "")
 
 
@@ -388,12 +394,12 @@ def _column_sum_kernel(em, members, reduce, total, threads: str = "auto") -> lis
     c, rows = em.cols, em.rows
     others = [n for n in members if n is not reduce]
     out = f"a{em.outputs.index(reduce.outputs[0])}"
-    condition = {"auto": f"{total} >= {PARALLEL_MIN} && {rows} > 1", "team": f"{rows} > 1"}
-    team = f"({condition[threads]}) ? ow_team() : 1" if threads in condition else "1"
+    condition = _condition(threads, f"{total} >= {PARALLEL_MIN} && {rows} > 1", f"{rows} > 1")
+    team = "1" if condition is None else f"({condition}) ? ow_team() : 1"
     lines = [f"  const int nt = {team};",
              f"  std::vector<float> part((size_t)nt * {c}, 0.0f);",
              *(["  #pragma omp parallel for num_threads(nt) schedule(static, 1)"]
-               if threads in condition else []),
+               if condition is not None else []),
              "  for (int t = 0; t < nt; ++t) {",
              f"    float* __restrict acc = part.data() + (size_t)t * {c};",
              f"    for (int64_t r = {rows} * t / nt; r < {rows} * (t + 1) / nt; ++r) {{",

@@ -73,25 +73,28 @@ def is_current(record: Record) -> bool:
     return record.config.get("revision", 1) >= REVISIONS.get(record.kind, 1)
 
 
-def recall(kind: str, key, candidates, db: TuningDB | None = None) -> tuple[str, float] | None:
-    """The recorded choice for this workload on this machine, if it is current and still
-    one of the `candidates`; None when it must be measured."""
+def _current(kind: str, key, db: TuningDB | None) -> Record | None:
+    """The record of this workload on this machine, if it is current."""
     db = db or active()
     if db is None:
         return None
     record = db.get(kind, workload(kind, key)[0], target_id(describe()))
-    if record is None or not is_current(record) or record.config.get("form") not in candidates:
+    return record if record is not None and is_current(record) else None
+
+
+def recall(kind: str, key, candidates, db: TuningDB | None = None) -> tuple[str, float] | None:
+    """The recorded choice for this workload on this machine, if it is current and still
+    one of the `candidates`; None when it must be measured."""
+    record = _current(kind, key, db)
+    if record is None or record.config.get("form") not in candidates:
         return None
     return record.config["form"], record.seconds
 
 
 def recorded_samples(kind: str, key, db: TuningDB | None = None) -> dict[str, list[float]]:
     """Every sample of the current record of this workload on this machine ({} if none)."""
-    db = db or active()
-    if db is None:
-        return {}
-    record = db.get(kind, workload(kind, key)[0], target_id(describe()))
-    return dict(record.samples) if record is not None and is_current(record) else {}
+    record = _current(kind, key, db)
+    return dict(record.samples) if record is not None else {}
 
 
 def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
@@ -109,5 +112,6 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "is_current", "recall", "recorded_samples", "remember", "REVISIONS", "shortlist", "workload",
+           "active", "is_current", "recall", "recorded_samples", "remember", "REVISIONS",
+           "shortlist", "workload",
            "DEFAULT", "default_path"]
