@@ -32,6 +32,9 @@ Environment variables:
                          library's policy alone
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation (codegen/precision.py)
+  OPWEAVE_ONEDNN_ROOT    where oneDNN's own library (lib/libdnnl.so.3) and headers are
+                         (default: the environment's prefix, where pip puts them; read by
+                         codegen/onednn_direct.py, which finds them only when needed)
   OPWEAVE_DEBUG          set: dump the IR after every pass, pass timings, the partition
                          and the generated C++ under OPWEAVE_DEBUG_DIR (default ./opweave_debug)
 """

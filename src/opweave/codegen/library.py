@@ -6,7 +6,9 @@ AMD machines), with bias, an activation or a residual add applied to the output 
 before it is stored. A convolution runs as `mkldnn._convolution_pointwise` on a packed
 weight; oneDNN writes channels-last outputs whatever the input layout, so activations
 stay channels-last from one convolution to the next (a residual operand is brought to
-that layout). ReLU and residual adds are post-ops. Each anchor group
+that layout). ReLU and residual adds are post-ops. A float32 convolution also has the
+form "onednn-direct": the same post-ops on oneDNN's own library, its primitive made once
+(codegen/onednn_direct.py), kept unless another form measures clearly faster. Each anchor group
 also has its reference form (the same nodes as torch ops); the faster of the two is
 chosen by measuring both at the group's shapes (best of 7 interleaved runs), once per
 shape in a process.
@@ -29,7 +31,7 @@ from ..notices import warn_once
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
 from .. import shared_constants
-from . import int8, quantize
+from . import int8, onednn_direct, quantize
 from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
@@ -85,6 +87,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
+        if not low and _direct_applies(anchor, ep) and onednn_direct.library() is not None:
+            found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
     if int8.applies(precision, anchor.op) and int8_supported() and _int8_fuses(anchor, ep):
         found.update(_int8_forms(graph, anchor, ep, out_shape, inplace, precision,
                                  found["onednn"]))
@@ -214,6 +218,43 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     def conv(x):
         return [finish(op(to_2d(x), packed, bias, *geometry, attr, scalars, algorithm))]
     return conv
+
+
+def _direct_applies(anchor: Node, ep: Epilogue) -> bool:
+    """Whether oneDNN's own library can run the group: a float32 convolution whose
+    epilogue is one of its post-ops (torch's forms take the same ones)."""
+    floats = all(str(v.type).startswith("f32") for v in anchor.inputs)
+    unary = None if ep.unary is None else ep.unary.op
+    if unary == "gelu":
+        unary = ("gelu", ep.unary.attrs["approximate"])
+    return floats and unary in onednn_direct.UNARY
+
+
+def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
+    """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
+    over a height of 1 as in `_conv`; its primitive is made at its first call."""
+    one_d, size, padding, stride, dilation = _as_2d(anchor)
+    weight = constant_of(graph, anchor.inputs[1])
+    weight = weight.unsqueeze(2) if one_d else weight
+    bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
+    unary = None if ep.unary is None else ep.unary.op
+    if unary == "gelu":
+        unary = ("gelu", ep.unary.attrs["approximate"])
+    binary = onednn_direct.NO_BINARY if ep.binary is None else \
+        onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
+    geometry = (*size, weight.shape[0], *weight.shape[2:], anchor.attrs["groups"],
+                *stride, *padding, *dilation)
+    conv = onednn_direct.DirectConv(geometry, weight, bias, unary, binary)
+
+    def to_2d(t):
+        return t.unsqueeze(2) if one_d else t
+
+    def finish(y):
+        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+
+    if ep.binary is not None:
+        return lambda x, other: [finish(conv(to_2d(x), to_2d(other)))]
+    return lambda x: [finish(conv(to_2d(x)))]
 
 
 def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
@@ -534,7 +575,7 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
             earlier = tune.recorded_samples(KIND, key)
             samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
         best = _preferring_int8(samples) if ("precision", "int8") in key else \
-            min(samples, key=lambda name: min(samples[name]))
+            _preferring_direct(samples)
         tune.remember(KIND, key, best, samples)
         recalled = best, min(samples[best])
         if _BY_SIZE_CLASS.get() and work > 0:
@@ -543,6 +584,25 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
             _CLASS_CHOICES[_memo_key(size_class(key))] = best, min(per_flop[best])
     _CHOICES[memo] = recalled
     return recalled
+
+
+# a group's direct oneDNN form is kept unless another measured more than this much faster
+DIRECT_MARGIN = 0.03
+
+
+def _preferring_direct(samples: dict[str, list[float]]) -> str:
+    """The fastest form by its minimum time, except that "onednn-direct" is taken unless
+    it is more than DIRECT_MARGIN slower. Measured here, each form is called from Python,
+    and the direct form's call (ctypes, its output allocated in Python) costs more there
+    than torch's op does; in a native plan it is one raw call with no descriptor built,
+    where torch's builds oneDNN's primitive descriptor at every call. ResNet-50 on a Zen 4,
+    2 threads, interleaved in one process: 39.46 ms with torch's forms, 38.43 with each
+    convolution's form chosen by its minimum alone, 37.68 with the direct form everywhere."""
+    fastest = {name: min(times) for name, times in samples.items()}
+    best = min(fastest, key=fastest.get)
+    if "onednn-direct" in fastest and fastest["onednn-direct"] <= fastest[best] * (1 + DIRECT_MARGIN):
+        return "onednn-direct"
+    return best
 
 
 # where static int8 was asked for, a group's int8 form is kept unless it measured more

@@ -242,7 +242,8 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8", "onednn") if c in candidates), "reference")
+        chosen = next((c for c in ("onednn-int8", "onednn-direct", "onednn") if c in candidates),
+                      "reference")
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
@@ -253,7 +254,7 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         name += f" [{precision}]"
         computes_in = precision
     overwrites = None
-    if inplace and chosen in ("onednn", "onednn-int8"):
+    if inplace and chosen in ("onednn", "onednn-direct", "onednn-int8"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.metadata
 import json
 import os
 import platform
@@ -45,7 +46,18 @@ def describe(threads: int | None = None) -> dict:
         # vector ISA its kernels dispatch to here
         "torch": torch.__version__,
         "torch_isa": torch.backends.cpu.get_cpu_capability(),
+        **_onednn(),
     }
+
+
+@functools.lru_cache(maxsize=None)
+def _onednn() -> dict:
+    """The version of oneDNN's own library that convolutions may call directly
+    (codegen/onednn_direct.py), where it is installed."""
+    try:
+        return {"onednn": importlib.metadata.version("onednn-cpu-gomp")}
+    except importlib.metadata.PackageNotFoundError:
+        return {}
 
 
 def target_id(descriptor: dict) -> str:

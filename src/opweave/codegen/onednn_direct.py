@@ -1,0 +1,192 @@
+"""Convolutions on oneDNN's own library, called directly: the library form "onednn-direct".
+
+torch runs a convolution (`mkldnn._convolution_pointwise`) on the oneDNN built into it,
+and builds oneDNN's primitive descriptor again at every call. Here each convolution's
+primitive is made once, with its weights reordered into the layout it asked for, from
+oneDNN's GNU OpenMP build on the package index (`onednn-cpu-gomp`, loaded beside torch:
+torch keeps its oneDNN's symbols to itself, and both share torch's libgomp, so one thread
+team). A call wraps the caller's pointers and runs. Measured on a Zen 4, 2 threads,
+ResNet-50's 20 convolution shapes warm, one call each: 14.1 ms against 15.6 ms through
+torch. Whether it runs is still a measured choice per shape (`library.choose`), against
+torch's forms.
+
+`onednn_direct.cpp` is built once per machine into opweave's cache, like the native
+runtime (content hash checked before it is loaded). Where the library or its headers are
+missing (another platform) or it cannot be built, the form is not offered, and one
+warning says why.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import sys
+import threading
+import warnings
+import weakref
+from pathlib import Path
+
+import torch
+
+from ..files import cache_root
+from . import build
+
+SOURCE = Path(__file__).with_name("onednn_direct.cpp")
+FORMAT = 1
+# epilogue codes of `ow_onednn_conv_create`
+UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5}
+NO_BINARY, SUM_IN_PLACE, ADD = 0, 1, 2
+
+
+class OneDNNWarning(UserWarning):
+    """oneDNN's own library cannot be used: convolutions run through torch's oneDNN."""
+
+
+_lock = threading.Lock()
+_library: ctypes.CDLL | None = None
+_problem: str | None = None
+
+
+def _prefix() -> Path:
+    """Where the library (lib/libdnnl.so.3) and its headers (include/) are:
+    `$OPWEAVE_ONEDNN_ROOT`, else the environment's prefix, where pip puts the files of
+    the `onednn-cpu-gomp` and `onednn-devel-cpu-gomp` wheels."""
+    return Path(os.environ.get("OPWEAVE_ONEDNN_ROOT") or sys.prefix)
+
+
+def _locate() -> tuple[Path, str, list[str], list[str]]:
+    """(the object's path in the cache, its key, compiler flags, link flags)."""
+    include, lib = _prefix() / "include", _prefix() / "lib"
+    header, shared = include / "oneapi" / "dnnl" / "dnnl.hpp", lib / "libdnnl.so.3"
+    for needed in (header, shared):
+        if not needed.exists():
+            raise build.BuildError(f"oneDNN's library is not installed ({needed} is missing; "
+                                   f"it comes with the onednn-cpu-gomp and "
+                                   f"onednn-devel-cpu-gomp packages)")
+    source = SOURCE.read_text()
+    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", f"-I{include}"]
+    libraries = [f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}"]
+    stamp = f"{shared.resolve().name}:{shared.stat().st_size}"
+    parts = [source, build.compiler_version(), " ".join(flags + libraries), stamp, str(FORMAT)]
+    key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
+    flags.append(f'-DOPWEAVE_ONEDNN_KEY="{key}"')
+    return cache_root() / "onednn-v1" / f"onednn_direct-{key}.so", key, flags, libraries
+
+
+def _load() -> ctypes.CDLL:
+    path, key, flags, libraries = _locate()
+    build.trusted_object(SOURCE.read_text(), path, flags, libraries)
+    lib = ctypes.CDLL(str(path))
+    lib.ow_key.restype = ctypes.c_char_p
+    if lib.ow_key().decode() != key:
+        build.move_aside(path, "identifies itself with another key")
+        raise build.BuildError(f"{path} is not the oneDNN module it should be")
+    lib.ow_onednn_version.restype = ctypes.c_char_p
+    lib.ow_onednn_conv_create.restype = ctypes.c_void_p
+    lib.ow_onednn_conv_create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p,
+                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
+                                          ctypes.c_char_p, ctypes.c_int]
+    lib.ow_onednn_conv_impl.restype = ctypes.c_char_p
+    lib.ow_onednn_conv_impl.argtypes = [ctypes.c_void_p]
+    lib.ow_onednn_conv_destroy.argtypes = [ctypes.c_void_p]
+    lib.ow_onednn_conv_run.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def library() -> ctypes.CDLL | None:
+    """The loaded module (built here the first time on this machine, about 2 s), or None
+    when it cannot be (`unavailable()` says why; one OneDNNWarning said so)."""
+    global _library, _problem
+    with _lock:
+        if _library is None and _problem is None:
+            try:
+                _library = _load()
+            except (build.BuildError, OSError, AttributeError) as err:
+                _problem = str(err)
+                warnings.warn(f"opweave: convolutions run through torch's oneDNN only: {err}",
+                              OneDNNWarning, stacklevel=2)
+        return _library
+
+
+def unavailable() -> str | None:
+    return _problem
+
+
+def version() -> str | None:
+    lib = library()
+    return lib.ow_onednn_version().decode() if lib is not None else None
+
+
+class DirectConv:
+    """One convolution's primitive: NHWC float32 in and out, weights packed at first use.
+
+    `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w).
+    `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
+    ADD (a residual operand, NHWC like the output). Calls report themselves to a native
+    plan's recorder like a generated kernel (`CppKernel.recording`)."""
+
+    def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
+                 unary=None, binary: int = NO_BINARY):
+        n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = geometry
+        self.geometry = tuple(int(g) for g in geometry)
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        self.in_shape, self.out_shape = (n, c, h, w), (n, o, oh, ow)
+        self.weight = weight.detach().to(torch.float32).contiguous()
+        self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        self.unary, self.binary = UNARY[unary], binary
+        self._handle: int | None = None
+        self._context: torch.Tensor | None = None  # an int64 holding the primitive's address
+
+    def _create(self) -> None:
+        lib = library()
+        if lib is None:
+            raise RuntimeError(f"oneDNN's library is unavailable: {unavailable()}")
+        error = ctypes.create_string_buffer(512)
+        geometry = (ctypes.c_int64 * 14)(*self.geometry)
+        handle = lib.ow_onednn_conv_create(
+            geometry, self.weight.data_ptr(),
+            None if self.bias is None else self.bias.data_ptr(),
+            self.unary, self.binary, error, len(error))
+        if not handle:
+            raise RuntimeError(f"oneDNN refused the convolution {self.geometry}: "
+                               f"{error.value.decode(errors='replace')}")
+        self._handle = handle
+        self._context = torch.tensor([handle], dtype=torch.int64)
+        self._run = ctypes.cast(lib.ow_onednn_conv_run, ctypes.c_void_p).value
+        weakref.finalize(self, lib.ow_onednn_conv_destroy, handle)
+        self.weight = self.bias = None  # packed into the primitive now
+
+    def implementation(self) -> str:
+        if self._handle is None:
+            self._create()
+        return library().ow_onednn_conv_impl(self._handle).decode()
+
+    def _call(self, out: torch.Tensor, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+        if self._handle is None:
+            self._create()
+        tensors = [out, x, self._context, *extra]
+        argv = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
+        library().ow_onednn_conv_run(argv)
+        from .lower import CppKernel  # a native plan's recorder listens there
+        if CppKernel.recording is not None:
+            CppKernel.recording(self._run, tensors)
+        return out
+
+    def _nhwc(self, t: torch.Tensor, shape) -> torch.Tensor:
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
+            raise ValueError(f"a direct oneDNN convolution built for {shape} float32 on the "
+                             f"CPU got {tuple(t.shape)} {t.dtype} on {t.device}")
+        return t.contiguous(memory_format=torch.channels_last)  # a copy only if not already
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The convolution of `x` with its epilogue; with SUM_IN_PLACE, added into
+        `residual` (made channels-last first if it is not) and returned; with ADD, a new
+        tensor holding the sum."""
+        x = self._nhwc(x, self.in_shape)
+        if self.binary == SUM_IN_PLACE:
+            return self._call(self._nhwc(residual, self.out_shape), x)
+        out = torch.empty(self.out_shape, memory_format=torch.channels_last)
+        if self.binary == ADD:
+            return self._call(out, x, self._nhwc(residual, self.out_shape))
+        return self._call(out, x)

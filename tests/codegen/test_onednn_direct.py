@@ -1,0 +1,140 @@
+"""Convolutions on oneDNN's own library (codegen/onednn_direct.py) against torch's."""
+from __future__ import annotations
+
+import platform
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from opweave import Options
+from opweave.codegen import library, lower, onednn_direct
+from opweave.ir import Graph, TensorType
+from opweave.pipeline import compile_graph
+from opweave.runtime import Executor
+
+# the package (onednn-cpu-gomp) exists for x86-64 Linux only; there it must work
+pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
+                                reason="oneDNN's pip package is for x86-64 Linux")
+F32 = torch.float32
+
+
+def _reference(x, w, b, stride, padding, dilation, groups, unary, residual):
+    y = F.conv2d(x, w, b, stride, padding, dilation, groups)
+    if residual is not None:
+        y = y + residual
+    if unary == "relu":
+        return y.relu()
+    if isinstance(unary, tuple):
+        return F.gelu(y, approximate=unary[1])
+    return y
+
+
+@pytest.mark.parametrize("geometry", [
+    # N, C, H, W, O, K, stride, padding, dilation, groups
+    (1, 16, 9, 9, 8, 3, 1, 1, 1, 1),
+    (2, 8, 7, 7, 12, 1, 2, 0, 1, 1),
+    (1, 8, 10, 10, 8, 3, 1, 2, 2, 2),
+    (1, 3, 15, 15, 16, 7, 2, 3, 1, 1),
+])
+@pytest.mark.parametrize("unary", [None, "relu", ("gelu", "tanh")])
+@pytest.mark.parametrize("binary", [onednn_direct.NO_BINARY, onednn_direct.SUM_IN_PLACE,
+                                    onednn_direct.ADD])
+def test_matches_torch_conv2d(geometry, unary, binary):
+    n, c, h, w, o, k, s, p, d, g = geometry
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(n, c, h, w), torch.randn(o, c // g, k, k), torch.randn(o)
+    conv = onednn_direct.DirectConv((n, c, h, w, o, k, k, g, s, s, p, p, d, d), weight, bias,
+                                    unary, binary)
+    residual = None
+    if binary != onednn_direct.NO_BINARY:
+        residual = torch.randn(conv.out_shape).contiguous(memory_format=torch.channels_last)
+    want = _reference(x, weight, bias, s, p, d, g, unary, residual)
+    given = None if residual is None else residual.clone()
+    got = conv(x) if given is None else conv(x, given)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+    if binary == onednn_direct.SUM_IN_PLACE:
+        assert got.data_ptr() == given.data_ptr()      # added into the residual itself
+    elif given is not None:
+        torch.testing.assert_close(given, residual, atol=0, rtol=0)  # left untouched
+
+
+def test_a_wrong_input_is_refused_before_oneDNN_reads_it():
+    conv = onednn_direct.DirectConv((1, 4, 5, 5, 4, 1, 1, 1, 1, 1, 0, 0, 1, 1),
+                                    torch.randn(4, 4, 1, 1), None)
+    with pytest.raises(ValueError, match=r"built for \(1, 4, 5, 5\) float32"):
+        conv(torch.randn(1, 4, 6, 6))
+    with pytest.raises(ValueError, match="float64"):
+        conv(torch.randn(1, 4, 5, 5, dtype=torch.float64))
+
+
+def test_an_impossible_convolution_is_refused_with_oneDNNs_reason():
+    conv = onednn_direct.DirectConv((1, 6, 5, 5, 4, 1, 1, 4, 1, 1, 0, 0, 1, 1),
+                                    torch.randn(4, 1, 1, 1), None)    # 6 channels, 4 groups
+    with pytest.raises(RuntimeError, match="inconsistent convolution geometry"):
+        conv(torch.randn(1, 6, 5, 5))
+
+
+def test_an_unbuildable_library_leaves_torchs_forms_with_one_warning(monkeypatch, tmp_path):
+    monkeypatch.setattr(onednn_direct, "_library", None)
+    monkeypatch.setattr(onednn_direct, "_problem", None)
+    monkeypatch.setattr(onednn_direct, "_prefix", lambda: tmp_path)
+    with pytest.warns(onednn_direct.OneDNNWarning, match="is missing"):
+        assert onednn_direct.library() is None
+    assert onednn_direct.library() is None                 # said once
+    assert "onednn-cpu-gomp" in onednn_direct.unavailable()
+    g = _block()
+    forms = library.forms(g, *_anchor_and_epilogue(g))
+    assert "onednn" in forms and "onednn-direct" not in forms
+
+
+def _block() -> Graph:
+    """conv+relu, then conv + residual add + relu: ResNet's groups."""
+    g = Graph("block")
+    x = g.add_input("x", TensorType((1, 16, 9, 9), F32))
+
+    def conv(v, name):
+        w = g.add_constant(f"{name}_w", torch.randn(16, 16, 3, 3) / 12)
+        b = g.add_constant(f"{name}_b", torch.randn(16))
+        return g.add1("conv", [v, w, b], {"stride": [1, 1], "padding": [1, 1],
+                                          "dilation": [1, 1], "groups": 1})
+    h = g.add1("relu", [conv(x, "c1")])
+    g.outputs = [g.add1("relu", [g.add1("add", [conv(h, "c2"), x])])]
+    return g
+
+
+def _anchor_and_epilogue(g: Graph):
+    from opweave.partition.legality import Epilogue
+    anchor = next(n for n in g.nodes if n.op == "conv")
+    relu = next(n for n in g.nodes if n.op == "relu")
+    return anchor, Epilogue(unary=relu, chain=(relu,))
+
+
+def test_the_lowering_runs_resnets_groups_on_it_and_the_native_plan_replays_them():
+    g = _block()
+    lowered = lower(g, "ilp", measure=False)
+    direct = [s for s in lowered.steps if s.kind == "library"]
+    assert [s.name for s in direct] == ["conv+relu", "conv+add+relu"]
+    x = torch.randn(1, 16, 9, 9)
+    want = Executor(g)(x)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], want[0],
+                               atol=1e-4, rtol=1e-4)
+    compiled = compile_graph(_block(), Options(deterministic=True, measure=False,
+                                               native="wait", tuning_db=None))
+    executor = compiled.executor
+    for _ in range(3):
+        executor(torch.randn(1, 16, 9, 9))
+    assert executor.native.plan is not None, executor.native.describe()
+    assert executor.native.counts[1] >= 2      # both convolutions are raw calls in the plan
+    x = torch.randn(1, 16, 9, 9)
+    torch.testing.assert_close(executor(x)[0], Executor(compiled.graph)(x)[0],
+                               atol=1e-4, rtol=1e-4)
+
+
+def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
+    assert library._preferring_direct({"onednn": [1.0], "onednn-direct": [1.02]}) == \
+        "onednn-direct"
+    assert library._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
+    assert library._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
