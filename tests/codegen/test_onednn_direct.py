@@ -61,10 +61,37 @@ def test_matches_torch_conv2d(geometry, unary, binary):
         torch.testing.assert_close(given, residual, atol=0, rtol=0)  # left untouched
 
 
+@pytest.mark.parametrize("geometry", [(7, 24, 40), (1, 16, 8), (200, 64, 96)])
+@pytest.mark.parametrize("unary", [None, "tanh", ("gelu", "none")])
+@pytest.mark.parametrize("binary", [onednn_direct.NO_BINARY, onednn_direct.ADD])
+def test_linear_matches_torch(geometry, unary, binary):
+    m, k, n = geometry
+    torch.manual_seed(0)
+    x, weight, bias = torch.randn(m, k), torch.randn(k, n), torch.randn(n)
+    product = onednn_direct.DirectLinear(geometry, weight, bias, unary, binary)
+    residual = torch.randn(m, n) if binary == onednn_direct.ADD else None
+    want = x @ weight + bias
+    if residual is not None:
+        want = want + residual
+    if unary == "tanh":
+        want = want.tanh()
+    elif unary is not None:
+        want = F.gelu(want)
+    got = product(x) if residual is None else product(x, residual.clone())
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_an_in_place_sum_into_a_product_is_refused():
+    product = onednn_direct.DirectLinear((2, 3, 4), torch.randn(3, 4), None, None,
+                                         onednn_direct.SUM_IN_PLACE)
+    with pytest.raises(RuntimeError, match="no in-place sum"):
+        product(torch.randn(2, 3))
+
+
 def test_a_wrong_input_is_refused_before_oneDNN_reads_it():
     conv = onednn_direct.DirectConv((1, 4, 5, 5, 4, 1, 1, 1, 1, 1, 0, 0, 1, 1),
                                     torch.randn(4, 4, 1, 1), None)
-    with pytest.raises(ValueError, match=r"built for \(1, 4, 5, 5\) float32"):
+    with pytest.raises(ValueError, match=r"conv built for \(1, 4, 5, 5\) float32"):
         conv(torch.randn(1, 4, 6, 6))
     with pytest.raises(ValueError, match="float64"):
         conv(torch.randn(1, 4, 5, 5, dtype=torch.float64))
@@ -73,7 +100,7 @@ def test_a_wrong_input_is_refused_before_oneDNN_reads_it():
 def test_an_impossible_convolution_is_refused_with_oneDNNs_reason():
     conv = onednn_direct.DirectConv((1, 6, 5, 5, 4, 1, 1, 4, 1, 1, 0, 0, 1, 1),
                                     torch.randn(4, 1, 1, 1), None)    # 6 channels, 4 groups
-    with pytest.raises(RuntimeError, match="inconsistent convolution geometry"):
+    with pytest.raises(RuntimeError, match="refused the conv .*inconsistent convolution geometry"):
         conv(torch.randn(1, 6, 5, 5))
 
 
@@ -138,3 +165,15 @@ def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
         "onednn-direct"
     assert library._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
     assert library._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
+
+
+def test_a_3d_convolution_is_left_to_torchs_forms():
+    g = Graph("c3d")
+    x = g.add_input("x", TensorType((1, 4, 5, 5, 5), F32))
+    w = g.add_constant("w", torch.randn(4, 4, 3, 3, 3))
+    conv = g.add1("conv", [x, w], {"stride": [1, 1, 1], "padding": [1, 1, 1],
+                                   "dilation": [1, 1, 1], "groups": 1})
+    g.outputs = [conv]
+    from opweave.partition.legality import Epilogue
+    assert not library._direct_applies(conv.producer, Epilogue())
+    assert "onednn-direct" not in library.forms(g, conv.producer, Epilogue())

@@ -83,6 +83,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     low = prec.applies(precision, anchor.op)
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
+        if not low and _direct_applies(anchor, ep) and onednn_direct.library() is not None:
+            found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
     else:
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
@@ -221,13 +223,40 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
 
 
 def _direct_applies(anchor: Node, ep: Epilogue) -> bool:
-    """Whether oneDNN's own library can run the group: a float32 convolution whose
-    epilogue is one of its post-ops (torch's forms take the same ones)."""
+    """Whether oneDNN's own library can run the group: a float32 product [M, K] x [K, N]
+    or 1-D or 2-D convolution whose epilogue is one of its post-ops (torch's forms take
+    the same ones)."""
     floats = all(str(v.type).startswith("f32") for v in anchor.inputs)
-    unary = None if ep.unary is None else ep.unary.op
-    if unary == "gelu":
-        unary = ("gelu", ep.unary.attrs["approximate"])
-    return floats and unary in onednn_direct.UNARY
+    rank = len(anchor.inputs[0].type.shape)
+    if rank not in ((2,) if anchor.op == "matmul" else (3, 4)):
+        return False
+    return floats and _direct_unary(ep) in onednn_direct.UNARY
+
+
+def _direct_unary(ep: Epilogue):
+    """The epilogue's activation as `onednn_direct.UNARY` names it ("unknown" if none)."""
+    if ep.unary is None:
+        return None
+    if ep.unary.op == "gelu":
+        return "gelu", ep.unary.attrs["approximate"]
+    return ep.unary.op if ep.unary.op in onednn_direct.UNARY else "unknown"
+
+
+def _direct_linear(graph, anchor, ep, out_shape):
+    """The product on oneDNN's own library (codegen/onednn_direct.py), with the bias,
+    activation and residual add of `_linear` as post-ops."""
+    m, k = anchor.inputs[0].type.shape
+    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
+    bias = None
+    if ep.bias is not None:
+        bias = constant_of(graph, next(v for v in ep.bias.inputs
+                                       if v is not anchor.outputs[0])).reshape(n)
+    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
+    product = onednn_direct.DirectLinear((m, k, n), constant_of(graph, anchor.inputs[1]), bias,
+                                         _direct_unary(ep), binary)
+    if ep.binary is not None:
+        return lambda x, other: [_shaped(product(x, other.reshape(m, n)), out_shape)]
+    return lambda x: [_shaped(product(x), out_shape)]
 
 
 def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
@@ -237,14 +266,11 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
     weight = constant_of(graph, anchor.inputs[1])
     weight = weight.unsqueeze(2) if one_d else weight
     bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
-    unary = None if ep.unary is None else ep.unary.op
-    if unary == "gelu":
-        unary = ("gelu", ep.unary.attrs["approximate"])
     binary = onednn_direct.NO_BINARY if ep.binary is None else \
         onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
     geometry = (*size, weight.shape[0], *weight.shape[2:], anchor.attrs["groups"],
                 *stride, *padding, *dilation)
-    conv = onednn_direct.DirectConv(geometry, weight, bias, unary, binary)
+    conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary)
 
     def to_2d(t):
         return t.unsqueeze(2) if one_d else t

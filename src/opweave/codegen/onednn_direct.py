@@ -1,14 +1,14 @@
-"""Convolutions on oneDNN's own library, called directly: the library form "onednn-direct".
+"""Convolutions and linear layers on oneDNN's own library, called directly: the library
+form "onednn-direct".
 
-torch runs a convolution (`mkldnn._convolution_pointwise`) on the oneDNN built into it,
-and builds oneDNN's primitive descriptor again at every call. Here each convolution's
-primitive is made once, with its weights reordered into the layout it asked for, from
-oneDNN's GNU OpenMP build on the package index (`onednn-cpu-gomp`, loaded beside torch:
-torch keeps its oneDNN's symbols to itself, and both share torch's libgomp, so one thread
-team). A call wraps the caller's pointers and runs. Measured on a Zen 4, 2 threads,
-ResNet-50's 20 convolution shapes warm, one call each: 14.1 ms against 15.6 ms through
-torch. Whether it runs is still a measured choice per shape (`library.choose`), against
-torch's forms.
+torch runs them (`mkldnn._convolution_pointwise`, `mkldnn._linear_pointwise`) on the
+oneDNN built into it, and builds oneDNN's primitive descriptor again at every call. Here
+each one's primitive is made once, with its weights reordered into the layout it asked
+for, from oneDNN's GNU OpenMP build on the package index (`onednn-cpu-gomp`, loaded beside
+torch: torch keeps its oneDNN's symbols to itself, and both share torch's libgomp, so one
+thread team). A call wraps the caller's pointers and runs; a native plan calls it as a raw
+function. Whether it runs is still a measured choice per shape (`library.choose`), against
+torch's forms; docs/tuning.md has the measurements.
 
 `onednn_direct.cpp` is built once per machine into opweave's cache, like the native
 runtime (content hash checked before it is loaded). Where the library or its headers are
@@ -82,14 +82,14 @@ def _load() -> ctypes.CDLL:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the oneDNN module it should be")
     lib.ow_onednn_version.restype = ctypes.c_char_p
-    lib.ow_onednn_conv_create.restype = ctypes.c_void_p
-    lib.ow_onednn_conv_create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p,
-                                          ctypes.c_void_p, ctypes.c_int, ctypes.c_int,
-                                          ctypes.c_char_p, ctypes.c_int]
-    lib.ow_onednn_conv_impl.restype = ctypes.c_char_p
-    lib.ow_onednn_conv_impl.argtypes = [ctypes.c_void_p]
-    lib.ow_onednn_conv_destroy.argtypes = [ctypes.c_void_p]
-    lib.ow_onednn_conv_run.argtypes = [ctypes.c_void_p]
+    for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
+        create.restype = ctypes.c_void_p
+        create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
+                           ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.ow_onednn_impl.restype = ctypes.c_char_p
+    lib.ow_onednn_impl.argtypes = [ctypes.c_void_p]
+    lib.ow_onednn_destroy.argtypes = [ctypes.c_void_p]
+    lib.ow_onednn_run.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -117,66 +117,84 @@ def version() -> str | None:
     return lib.ow_onednn_version().decode() if lib is not None else None
 
 
-class DirectConv:
-    """One convolution's primitive: NHWC float32 in and out, weights packed at first use.
+class _Direct:
+    """One primitive, made at its first call from the weights it was given (then let go:
+    they are packed inside it). Calls report themselves to a native plan's recorder like a
+    generated kernel (`CppKernel.recording`): output, input, the primitive's address as a
+    constant int64 tensor, then the residual operand if any."""
 
-    `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w).
-    `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
-    ADD (a residual operand, NHWC like the output). Calls report themselves to a native
-    plan's recorder like a generated kernel (`CppKernel.recording`)."""
+    kind = ""  # "conv" | "linear": which `ow_onednn_<kind>_create` makes it
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY):
-        n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = geometry
+                 unary, binary: int):
         self.geometry = tuple(int(g) for g in geometry)
-        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-        self.in_shape, self.out_shape = (n, c, h, w), (n, o, oh, ow)
         self.weight = weight.detach().to(torch.float32).contiguous()
         self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
         self.unary, self.binary = UNARY[unary], binary
         self._handle: int | None = None
-        self._context: torch.Tensor | None = None  # an int64 holding the primitive's address
+        self._context: torch.Tensor | None = None
 
     def _create(self) -> None:
         lib = library()
         if lib is None:
             raise RuntimeError(f"oneDNN's library is unavailable: {unavailable()}")
         error = ctypes.create_string_buffer(512)
-        geometry = (ctypes.c_int64 * 14)(*self.geometry)
-        handle = lib.ow_onednn_conv_create(
-            geometry, self.weight.data_ptr(),
-            None if self.bias is None else self.bias.data_ptr(),
-            self.unary, self.binary, error, len(error))
+        create = getattr(lib, f"ow_onednn_{self.kind}_create")
+        handle = create((ctypes.c_int64 * len(self.geometry))(*self.geometry),
+                        self.weight.data_ptr(),
+                        None if self.bias is None else self.bias.data_ptr(),
+                        self.unary, self.binary, error, len(error))
         if not handle:
-            raise RuntimeError(f"oneDNN refused the convolution {self.geometry}: "
+            raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
         self._handle = handle
         self._context = torch.tensor([handle], dtype=torch.int64)
-        self._run = ctypes.cast(lib.ow_onednn_conv_run, ctypes.c_void_p).value
-        weakref.finalize(self, lib.ow_onednn_conv_destroy, handle)
-        self.weight = self.bias = None  # packed into the primitive now
+        self._run = ctypes.cast(lib.ow_onednn_run, ctypes.c_void_p).value
+        weakref.finalize(self, lib.ow_onednn_destroy, handle)
+        self.weight = self.bias = None
 
     def implementation(self) -> str:
+        """oneDNN's name for the kernel it runs (e.g. brgconv_1x1:avx512_core)."""
         if self._handle is None:
             self._create()
-        return library().ow_onednn_conv_impl(self._handle).decode()
+        return library().ow_onednn_impl(self._handle).decode()
 
     def _call(self, out: torch.Tensor, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         if self._handle is None:
             self._create()
         tensors = [out, x, self._context, *extra]
         argv = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        library().ow_onednn_conv_run(argv)
+        library().ow_onednn_run(argv)
         from .lower import CppKernel  # a native plan's recorder listens there
         if CppKernel.recording is not None:
             CppKernel.recording(self._run, tensors)
         return out
 
-    def _nhwc(self, t: torch.Tensor, shape) -> torch.Tensor:
+    def _checked(self, t: torch.Tensor, shape) -> None:
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
-            raise ValueError(f"a direct oneDNN convolution built for {shape} float32 on the "
+            raise ValueError(f"a direct oneDNN {self.kind} built for {shape} float32 on the "
                              f"CPU got {tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+class DirectConv(_Direct):
+    """A convolution, NHWC float32 in and out.
+
+    `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w).
+    `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
+    ADD (a residual operand, NHWC like the output)."""
+
+    kind = "conv"
+
+    def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
+                 unary=None, binary: int = NO_BINARY):
+        super().__init__(geometry, weight, bias, unary, binary)
+        n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
+        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        self.in_shape, self.out_shape = (n, c, h, w), (n, o, oh, ow)
+
+    def _nhwc(self, t: torch.Tensor, shape) -> torch.Tensor:
+        self._checked(t, shape)
         return t.contiguous(memory_format=torch.channels_last)  # a copy only if not already
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -189,4 +207,30 @@ class DirectConv:
         out = torch.empty(self.out_shape, memory_format=torch.channels_last)
         if self.binary == ADD:
             return self._call(out, x, self._nhwc(residual, self.out_shape))
+        return self._call(out, x)
+
+
+class DirectLinear(_Direct):
+    """A product [M, K] x [K, N] with a constant weight, row-major float32 in and out.
+
+    `geometry`: (M, K, N); `weight`: [K, N]; `binary`: NO_BINARY or ADD (a residual
+    operand [M, N])."""
+
+    kind = "linear"
+
+    def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
+                 unary=None, binary: int = NO_BINARY):
+        super().__init__(geometry, weight, bias, unary, binary)
+        m, k, n = self.geometry
+        self.in_shape, self.out_shape = (m, k), (m, n)
+
+    def _rows(self, t: torch.Tensor, shape) -> torch.Tensor:
+        self._checked(t, shape)
+        return t.contiguous()
+
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.empty(self.out_shape)
+        x = self._rows(x, self.in_shape)
+        if self.binary == ADD:
+            return self._call(out, x, self._rows(residual, self.out_shape))
         return self._call(out, x)

@@ -244,7 +244,9 @@ class Recorder(TorchDispatchMode):
         self.touched.append([*used, *outputs])
 
     def kernel(self, address: int, tensors: Sequence[torch.Tensor]) -> None:
-        """A generated kernel's call (CppKernel reports it): pointer arguments in order."""
+        """A raw call `void f(void**)` (a generated kernel, a quantizer, a direct oneDNN
+        convolution report theirs through `CppKernel.recording`): pointer arguments in
+        order."""
         if threading.get_ident() != self.thread:
             return
         slots = []
@@ -412,7 +414,8 @@ class NativeState:
     def describe(self) -> str:
         if self.plan is not None:
             ops, kernels = self.counts
-            return f"native plan ({ops} operator calls, {kernels} generated kernels)"
+            # raw calls: generated kernels, quantizers, direct oneDNN convolutions
+            return f"native plan ({ops} operator calls, {kernels} raw kernel calls)"
         if self.reason is not None:
             return f"Python steps: {self.reason}"
         return "Python steps (the native plan is recorded at a later call)"
