@@ -101,6 +101,12 @@ def sharing(scope: int) -> Iterator[None]:
         _scope.id = previous
 
 
+def in_scope() -> bool:
+    """Whether compiles on this thread share derived constants (a graph compiled for many
+    sizes): what packs per plan must not be made then."""
+    return getattr(_scope, "id", None) is not None
+
+
 def derived(kind: str, sources: Sequence[torch.Tensor], params: Hashable,
             make: Callable[[], torch.Tensor]) -> torch.Tensor:
     """`make()`, computed once for the same kind, source tensors and params while the

@@ -225,7 +225,11 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
 def _direct_applies(anchor: Node, ep: Epilogue) -> bool:
     """Whether oneDNN's own library can run the group: a float32 product [M, K] x [K, N]
     or 1-D or 2-D convolution whose epilogue is one of its post-ops (torch's forms take
-    the same ones)."""
+    the same ones), in a graph compiled for one size. A primitive packs its weights for
+    its own shapes, so the plans of a graph compiled for many sizes (docs/dynamic.md)
+    would each hold a copy of them, where torch's packs are shared between them."""
+    if shared_constants.in_scope():
+        return False
     floats = all(str(v.type).startswith("f32") for v in anchor.inputs)
     rank = len(anchor.inputs[0].type.shape)
     if rank not in ((2,) if anchor.op == "matmul" else (3, 4)):
