@@ -175,5 +175,52 @@ def test_a_3d_convolution_is_left_to_torchs_forms():
                                    "dilation": [1, 1, 1], "groups": 1})
     g.outputs = [conv]
     from opweave.partition.legality import Epilogue
-    assert not library._direct_applies(conv.producer, Epilogue())
+    assert not library._direct_fits(conv.producer, Epilogue())
     assert "onednn-direct" not in library.forms(g, conv.producer, Epilogue())
+
+
+def test_another_thread_count_gets_a_primitive_of_its_own():
+    torch.manual_seed(0)
+    x, weight = torch.randn(1, 32, 14, 14), torch.randn(64, 32, 3, 3)
+    conv = onednn_direct.DirectConv((1, 32, 14, 14, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1), weight,
+                                    None, "relu")
+    want = F.conv2d(x, weight, None, 1, 1).relu()
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        torch.testing.assert_close(conv(x), want, atol=1e-4, rtol=1e-4)   # made for 1
+        torch.set_num_threads(2)
+        torch.testing.assert_close(conv(x), want, atol=1e-4, rtol=1e-4)
+        assert conv.variants() == 1
+        torch.testing.assert_close(conv(x), want, atol=1e-4, rtol=1e-4)
+        assert conv.variants() == 1                                         # made once
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_graph_compiled_for_many_sizes_keeps_its_own_records():
+    """There the form is not offered; its choice among fewer forms must not overwrite
+    the record a one-size compile made at the same shapes."""
+    from opweave import shared_constants
+    g = _block()
+    anchor, ep = _anchor_and_epilogue(g)
+    alone = library.signature(g, anchor, ep)
+    with shared_constants.sharing(1):
+        shared = library.signature(g, anchor, ep)
+        assert "onednn-direct" not in library.forms(g, anchor, ep)
+    assert shared == alone + (("without", "onednn-direct"),)
+
+
+def test_an_activation_after_a_reshape_is_costed_without_an_illegal_group():
+    """matmul + bias + reshape + gelu (BERT's feed-forward as exported): the group without
+    its activation would end in a reshape, which is no group; measuring must not build it."""
+    from ..partition.graphs import linear
+    g = Graph("ffn")
+    x = g.add_input("x", TensorType((1, 6, 24), F32))
+    rows = g.add1("reshape", [x], {"shape": [6, 24]})
+    y = g.add1("reshape", [linear(g, rows, 24, 40, "fc")], {"shape": [1, 6, 40]})
+    g.outputs = [g.add1("gelu", [y], {"approximate": "none"})]
+    lowered = lower(g, "ilp", measure=True)
+    x = torch.randn(1, 6, 24)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], Executor(g)(x)[0],
+                               atol=1e-4, rtol=1e-4)

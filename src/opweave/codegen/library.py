@@ -6,9 +6,10 @@ AMD machines), with bias, an activation or a residual add applied to the output 
 before it is stored. A convolution runs as `mkldnn._convolution_pointwise` on a packed
 weight; oneDNN writes channels-last outputs whatever the input layout, so activations
 stay channels-last from one convolution to the next (a residual operand is brought to
-that layout). ReLU and residual adds are post-ops. A float32 convolution also has the
-form "onednn-direct": the same post-ops on oneDNN's own library, its primitive made once
-(codegen/onednn_direct.py), kept unless another form measures clearly faster. Each anchor group
+that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
+also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
+primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
+faster. Each anchor group
 also has its reference form (the same nodes as torch ops); the faster of the two is
 chosen by measuring both at the group's shapes (best of 7 interleaved runs), once per
 shape in a process.
@@ -83,13 +84,13 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     low = prec.applies(precision, anchor.op)
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
-        if not low and _direct_applies(anchor, ep) and onednn_direct.library() is not None:
+        if not low and _direct_fits(anchor, ep) and _direct_offered():
             found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
     else:
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
-        if not low and _direct_applies(anchor, ep) and onednn_direct.library() is not None:
+        if not low and _direct_fits(anchor, ep) and _direct_offered():
             found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
     if int8.applies(precision, anchor.op) and int8_supported() and _int8_fuses(anchor, ep):
         found.update(_int8_forms(graph, anchor, ep, out_shape, inplace, precision,
@@ -222,13 +223,19 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     return conv
 
 
-def _direct_applies(anchor: Node, ep: Epilogue) -> bool:
+def _direct_offered() -> bool:
+    """Whether the form "onednn-direct" is offered here: oneDNN's library is available,
+    and the graph is compiled for one size. A primitive packs its weights for its own
+    shapes, so the plans of a graph compiled for many sizes (docs/dynamic.md) would each
+    hold a copy of them, where torch's packs are shared between them."""
+    return not shared_constants.in_scope() and onednn_direct.library() is not None
+
+
+def _direct_fits(anchor: Node, ep: Epilogue) -> bool:
     """Whether oneDNN's own library can run the group: a float32 product [M, K] x [K, N]
-    or 1-D or 2-D convolution whose epilogue is one of its post-ops (torch's forms take
-    the same ones), in a graph compiled for one size. A primitive packs its weights for
-    its own shapes, so the plans of a graph compiled for many sizes (docs/dynamic.md)
-    would each hold a copy of them, where torch's packs are shared between them."""
-    if shared_constants.in_scope():
+    or 1-D or 2-D convolution, no size 0, whose epilogue is one of its post-ops (torch's
+    forms take the same ones)."""
+    if any(0 in v.type.shape for v in anchor.inputs):
         return False
     floats = all(str(v.type).startswith("f32") for v in anchor.inputs)
     rank = len(anchor.inputs[0].type.shape)
@@ -498,6 +505,11 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
+    if not prec.applies(precision, anchor.op) and _direct_fits(anchor, ep) \
+            and not _direct_offered():
+        # measured without that form: a choice among fewer forms is another decision (a
+        # graph compiled for many sizes must not overwrite what one size chose)
+        key += (("without", "onednn-direct"),)
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes

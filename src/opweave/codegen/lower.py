@@ -291,8 +291,10 @@ def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float
     seconds = _measured_group_seconds(graph, ctx, group, precision)
     ep = anchor_epilogue(ctx, group)
     if not isinstance(ep, str) and ep.unary is not None and ep.unary is ep.last:
-        seconds = min(seconds, measured_anchor_seconds(graph, ctx, group - {ep.unary},
-                                                       precision))
+        without = group - {ep.unary}
+        # only where that is a group itself (not one left ending in a reshape)
+        if not isinstance(anchor_epilogue(ctx, without), str):
+            seconds = min(seconds, measured_anchor_seconds(graph, ctx, without, precision))
     return seconds
 
 

@@ -9,13 +9,22 @@
 // convolutions; linear layers row-major [M, K] x [K, N]. The C interface is for ctypes;
 // `ow_onednn_run` has the generated kernels' signature (`void(void**)`), so the native plan
 // calls it like one of them.
+//
+// A oneDNN primitive is made for the thread count of its creation (its work split and
+// scratchpad follow it). A call under another count (torch.set_num_threads after
+// compiling) gets a primitive made for that count, once, its weights reordered from the
+// first one's where it asks for another layout.
 #include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -35,12 +44,33 @@ dnnl::engine& cpu() {
 // sum post-op), or a residual operand added into a new destination (binary add).
 enum Binary { kNone = 0, kSumInPlace = 1, kAdd = 2 };
 
-struct Primitive {
+// One primitive for one thread count, with the weights in the layout it reads.
+struct Variant {
   dnnl::primitive primitive;
-  memory::desc src, dst, residual, scratch;
-  memory weights, bias;
+  memory weights;
+  memory::desc scratch;
+};
+
+struct Primitive {
+  // makes a Variant for the calling thread's thread count from weights laid out as
+  // `packed` (copied: `packed` may be the caller's memory)
+  std::function<Variant(const memory& packed)> build;
+  Variant first;
+  int threads = 0;  // the thread count `first` was made for
+  std::mutex lock;
+  std::unordered_map<int, Variant> others;  // by thread count; references stay valid
+  memory::desc src, dst, residual;
+  memory bias;
   int binary = kNone;
   std::string impl;
+
+  const Variant& for_threads(int n) {
+    if (n == threads) return first;
+    std::lock_guard<std::mutex> guard(lock);
+    auto found = others.find(n);
+    if (found == others.end()) found = others.emplace(n, build(first.weights)).first;
+    return found->second;
+  }
 };
 
 void message(char* out, int size, const std::string& text) {
@@ -83,29 +113,34 @@ dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst) 
   return attr;
 }
 
-// The primitive of `pd` with the caller's weights (laid out as `given`) reordered into the
-// layout it asked for, and its bias copied.
-template <typename Kind>
-Primitive* finish(const typename Kind::primitive_desc& pd, const memory::desc& given,
-                  const float* weight, const float* bias, int64_t outputs, int binary) {
-  auto* made = new Primitive;
-  made->primitive = Kind(pd);
+// The primitive `describe()` describes, for this thread's thread count, with the caller's
+// weights (laid out as `given`) reordered into the layout it asked for, and its bias.
+template <typename Kind, typename Describe>
+Primitive* finish(Describe describe, const memory::desc& given, const float* weight,
+                  const float* bias, int64_t outputs, int binary) {
+  auto made = std::make_unique<Primitive>();
+  made->build = [describe](const memory& packed) {
+    auto pd = describe();
+    Variant variant{Kind(pd), memory(pd.weights_desc(), cpu()), pd.scratchpad_desc()};
+    dnnl::stream stream(cpu());
+    memory from = packed;  // a handle: the same memory
+    dnnl::reorder(from, variant.weights).execute(stream, from, variant.weights);
+    stream.wait();
+    return variant;
+  };
+  auto pd = describe();
+  made->threads = omp_get_max_threads();
+  made->first = made->build(memory(given, cpu(), const_cast<float*>(weight)));
   made->src = pd.src_desc();
   made->dst = pd.dst_desc();
   made->residual = pd.dst_desc();
   made->binary = binary;
-  made->scratch = pd.scratchpad_desc();
   made->impl = pd.impl_info_str();
-  made->weights = memory(pd.weights_desc(), cpu());
-  memory user(given, cpu(), const_cast<float*>(weight));
-  dnnl::stream stream(cpu());
-  dnnl::reorder(user, made->weights).execute(stream, user, made->weights);
   if (bias) {
     made->bias = memory(pd.bias_desc(), cpu());
     std::memcpy(made->bias.get_data_handle(), bias, outputs * sizeof(float));
   }
-  stream.wait();
-  return made;
+  return made.release();
 }
 
 }  // namespace
@@ -114,14 +149,9 @@ extern "C" {
 
 const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 
-const char* ow_onednn_version() {
-  static std::string text;
-  if (text.empty()) {
-    const dnnl_version_t* v = dnnl_version();
-    text = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-           std::to_string(v->patch);
-  }
-  return text.c_str();
+void ow_onednn_version(char* out, int size) {
+  const dnnl_version_t* v = dnnl_version();
+  std::snprintf(out, size, "%d.%d.%d", v->major, v->minor, v->patch);
 }
 
 // geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
@@ -138,7 +168,7 @@ void* ow_onednn_conv_create(const int64_t* geometry, const float* weight, const 
     const memory::dims dilation = {geometry[12] - 1, geometry[13] - 1};
     const int64_t oh = (h + 2 * padding[0] - (dilation[0] + 1) * (kh - 1) - 1) / strides[0] + 1;
     const int64_t ow = (w + 2 * padding[1] - (dilation[1] + 1) * (kw - 1) - 1) / strides[1] + 1;
-    if (groups < 1 || c % groups || o % groups || oh < 1 || ow < 1) {
+    if (n < 1 || c < 1 || o < 1 || groups < 1 || c % groups || o % groups || oh < 1 || ow < 1) {
       throw std::invalid_argument("inconsistent convolution geometry");
     }
     auto f32 = memory::data_type::f32;
@@ -149,15 +179,18 @@ void* ow_onednn_conv_create(const int64_t* geometry, const float* weight, const 
     memory::desc any_weights(weight_dims, f32, tag::any);
     memory::desc bias_md({o}, f32, tag::a);
     auto attr = attributes(unary, binary, dst);
-    auto pd = bias ? dnnl::convolution_forward::primitive_desc(
-                         cpu(), dnnl::prop_kind::forward_inference,
-                         dnnl::algorithm::convolution_direct, src, any_weights, bias_md, dst,
-                         strides, dilation, padding, padding, attr)
-                   : dnnl::convolution_forward::primitive_desc(
-                         cpu(), dnnl::prop_kind::forward_inference,
-                         dnnl::algorithm::convolution_direct, src, any_weights, dst, strides,
-                         dilation, padding, padding, attr);
-    return finish<dnnl::convolution_forward>(pd, user_weights, weight, bias, o, binary);
+    const bool biased = bias != nullptr;
+    auto describe = [=]() {
+      return biased ? dnnl::convolution_forward::primitive_desc(
+                          cpu(), dnnl::prop_kind::forward_inference,
+                          dnnl::algorithm::convolution_direct, src, any_weights, bias_md, dst,
+                          strides, dilation, padding, padding, attr)
+                    : dnnl::convolution_forward::primitive_desc(
+                          cpu(), dnnl::prop_kind::forward_inference,
+                          dnnl::algorithm::convolution_direct, src, any_weights, dst, strides,
+                          dilation, padding, padding, attr);
+    };
+    return finish<dnnl::convolution_forward>(describe, user_weights, weight, bias, o, binary);
   } catch (const std::exception& err) {
     message(error, error_size, err.what());
     return nullptr;
@@ -177,9 +210,12 @@ void* ow_onednn_linear_create(const int64_t* geometry, const float* weight, cons
     memory::desc user_weights({k, n}, f32, tag::ab), any_weights({k, n}, f32, tag::any);
     memory::desc bias_md({1, n}, f32, tag::ab);
     auto attr = attributes(unary, binary, dst);
-    auto pd = bias ? dnnl::matmul::primitive_desc(cpu(), src, any_weights, bias_md, dst, attr)
-                   : dnnl::matmul::primitive_desc(cpu(), src, any_weights, dst, attr);
-    return finish<dnnl::matmul>(pd, user_weights, weight, bias, n, binary);
+    const bool biased = bias != nullptr;
+    auto describe = [=]() {
+      return biased ? dnnl::matmul::primitive_desc(cpu(), src, any_weights, bias_md, dst, attr)
+                    : dnnl::matmul::primitive_desc(cpu(), src, any_weights, dst, attr);
+    };
+    return finish<dnnl::matmul>(describe, user_weights, weight, bias, n, binary);
   } catch (const std::exception& err) {
     message(error, error_size, err.what());
     return nullptr;
@@ -192,25 +228,33 @@ const char* ow_onednn_impl(void* handle) {
 
 void ow_onednn_destroy(void* handle) { delete static_cast<Primitive*>(handle); }
 
-// args: destination, source, the handle (an int64 holding the Primitive's address: a constant
-// tensor of the plan), then the residual operand for the binary add. With the in-place
-// sum the destination holds the residual on entry.
+// The number of primitives made for other thread counts than the first (for the tests).
+int ow_onednn_variants(void* handle) {
+  auto* made = static_cast<Primitive*>(handle);
+  std::lock_guard<std::mutex> guard(made->lock);
+  return static_cast<int>(made->others.size());
+}
+
+// args: destination, source, the handle (an int64 holding the Primitive's address: a
+// constant tensor of the plan), then the residual operand for the binary add. With the
+// in-place sum the destination holds the residual on entry.
 void ow_onednn_run(void** args) {
-  const Primitive* call = reinterpret_cast<const Primitive*>(*static_cast<int64_t*>(args[2]));
+  auto* call = reinterpret_cast<Primitive*>(*static_cast<int64_t*>(args[2]));
   try {
+    const Variant& variant = call->for_threads(omp_get_max_threads());
     dnnl::stream stream(cpu());
-    auto& pad = scratchpad(call->scratch.get_size());
+    auto& pad = scratchpad(variant.scratch.get_size());
     std::unordered_map<int, memory> io = {
         {DNNL_ARG_SRC, memory(call->src, cpu(), args[1])},
-        {DNNL_ARG_WEIGHTS, call->weights},
+        {DNNL_ARG_WEIGHTS, variant.weights},
         {DNNL_ARG_DST, memory(call->dst, cpu(), args[0])},
-        {DNNL_ARG_SCRATCHPAD, memory(call->scratch, cpu(), pad.data())}};
+        {DNNL_ARG_SCRATCHPAD, memory(variant.scratch, cpu(), pad.data())}};
     if (call->bias) io[DNNL_ARG_BIAS] = call->bias;
     if (call->binary == kAdd) {
       io[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
           memory(call->residual, cpu(), args[3]);
     }
-    call->primitive.execute(stream, io);
+    variant.primitive.execute(stream, io);
     stream.wait();
   } catch (const std::exception& err) {
     // a primitive made and checked at compile time does not fail on valid pointers; if it

@@ -39,10 +39,12 @@ NO_BINARY, SUM_IN_PLACE, ADD = 0, 1, 2
 
 
 class OneDNNWarning(UserWarning):
-    """oneDNN's own library cannot be used: convolutions run through torch's oneDNN."""
+    """oneDNN's own library cannot be used: convolutions and linear layers run through
+    torch's oneDNN."""
 
 
 _lock = threading.Lock()
+_making = threading.Lock()
 _library: ctypes.CDLL | None = None
 _problem: str | None = None
 
@@ -54,8 +56,9 @@ def _prefix() -> Path:
     return Path(os.environ.get("OPWEAVE_ONEDNN_ROOT") or sys.prefix)
 
 
-def _locate() -> tuple[Path, str, list[str], list[str]]:
-    """(the object's path in the cache, its key, compiler flags, link flags)."""
+def _locate() -> tuple[Path, str, list[str], list[str], str]:
+    """(the object's path in the cache, its key, compiler flags, link flags, the source);
+    the source is read once, so the key always names the text that is compiled."""
     include, lib = _prefix() / "include", _prefix() / "lib"
     header, shared = include / "oneapi" / "dnnl" / "dnnl.hpp", lib / "libdnnl.so.3"
     for needed in (header, shared):
@@ -64,24 +67,27 @@ def _locate() -> tuple[Path, str, list[str], list[str]]:
                                    f"it comes with the onednn-cpu-gomp and "
                                    f"onednn-devel-cpu-gomp packages)")
     source = SOURCE.read_text()
-    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", f"-I{include}"]
+    # -fopenmp: omp_get_max_threads, from the libgomp torch and oneDNN share
+    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fopenmp", f"-I{include}"]
     libraries = [f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}"]
     stamp = f"{shared.resolve().name}:{shared.stat().st_size}"
     parts = [source, build.compiler_version(), " ".join(flags + libraries), stamp, str(FORMAT)]
     key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
     flags.append(f'-DOPWEAVE_ONEDNN_KEY="{key}"')
-    return cache_root() / "onednn-v1" / f"onednn_direct-{key}.so", key, flags, libraries
+    path = cache_root() / "onednn-v1" / f"onednn_direct-{key}.so"
+    return path, key, flags, libraries, source
 
 
 def _load() -> ctypes.CDLL:
-    path, key, flags, libraries = _locate()
-    build.trusted_object(SOURCE.read_text(), path, flags, libraries)
+    path, key, flags, libraries, source = _locate()
+    build.trusted_object(source, path, flags, libraries)
     lib = ctypes.CDLL(str(path))
     lib.ow_key.restype = ctypes.c_char_p
     if lib.ow_key().decode() != key:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the oneDNN module it should be")
-    lib.ow_onednn_version.restype = ctypes.c_char_p
+    lib.ow_onednn_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
+    lib.ow_onednn_variants.argtypes = [ctypes.c_void_p]
     for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
         create.restype = ctypes.c_void_p
         create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
@@ -103,8 +109,8 @@ def library() -> ctypes.CDLL | None:
                 _library = _load()
             except (build.BuildError, OSError, AttributeError) as err:
                 _problem = str(err)
-                warnings.warn(f"opweave: convolutions run through torch's oneDNN only: {err}",
-                              OneDNNWarning, stacklevel=2)
+                warnings.warn(f"opweave: convolutions and linear layers run through torch's "
+                              f"oneDNN only: {err}", OneDNNWarning, stacklevel=2)
         return _library
 
 
@@ -113,8 +119,13 @@ def unavailable() -> str | None:
 
 
 def version() -> str | None:
+    """The version of the oneDNN library loaded (e.g. 3.2.0), or None without one."""
     lib = library()
-    return lib.ow_onednn_version().decode() if lib is not None else None
+    if lib is None:
+        return None
+    text = ctypes.create_string_buffer(32)
+    lib.ow_onednn_version(text, len(text))
+    return text.value.decode()
 
 
 class _Direct:
@@ -128,30 +139,40 @@ class _Direct:
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary, binary: int):
         self.geometry = tuple(int(g) for g in geometry)
-        self.weight = weight.detach().to(torch.float32).contiguous()
-        self.bias = None if bias is None else bias.detach().to(torch.float32).contiguous()
+        # as given (a view of the graph's constant): made contiguous only when packed
+        self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.unary, self.binary = UNARY[unary], binary
         self._handle: int | None = None
         self._context: torch.Tensor | None = None
 
     def _create(self) -> None:
         lib = library()
+        with _making:  # two threads making the first call: one primitive
+            if self._handle is None:
+                self._make(lib)
+
+    def _make(self, lib: ctypes.CDLL | None) -> None:
         if lib is None:
             raise RuntimeError(f"oneDNN's library is unavailable: {unavailable()}")
         error = ctypes.create_string_buffer(512)
         create = getattr(lib, f"ow_onednn_{self.kind}_create")
+        weight = self.weight.to(torch.float32).contiguous()
+        bias = None if self.bias is None else self.bias.to(torch.float32).contiguous()
         handle = create((ctypes.c_int64 * len(self.geometry))(*self.geometry),
-                        self.weight.data_ptr(),
-                        None if self.bias is None else self.bias.data_ptr(),
+                        weight.data_ptr(), None if bias is None else bias.data_ptr(),
                         self.unary, self.binary, error, len(error))
         if not handle:
             raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
-        self._handle = handle
-        self._context = torch.tensor([handle], dtype=torch.int64)
+        self._context = torch.tensor([handle], dtype=torch.int64, device="cpu")
         self._run = ctypes.cast(lib.ow_onednn_run, ctypes.c_void_p).value
         weakref.finalize(self, lib.ow_onednn_destroy, handle)
         self.weight = self.bias = None
+        self._handle = handle  # last: a caller that sees it sees the rest
+
+    def variants(self) -> int:
+        """How many primitives were made for thread counts other than the first call's."""
+        return library().ow_onednn_variants(self._handle) if self._handle else 0
 
     def implementation(self) -> str:
         """oneDNN's name for the kernel it runs (e.g. brgconv_1x1:avx512_core)."""
@@ -204,7 +225,8 @@ class DirectConv(_Direct):
         x = self._nhwc(x, self.in_shape)
         if self.binary == SUM_IN_PLACE:
             return self._call(self._nhwc(residual, self.out_shape), x)
-        out = torch.empty(self.out_shape, memory_format=torch.channels_last)
+        out = torch.empty(self.out_shape, dtype=torch.float32, device="cpu",
+                          memory_format=torch.channels_last)
         if self.binary == ADD:
             return self._call(out, x, self._nhwc(residual, self.out_shape))
         return self._call(out, x)
@@ -229,7 +251,7 @@ class DirectLinear(_Direct):
         return t.contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.empty(self.out_shape)
+        out = torch.empty(self.out_shape, dtype=torch.float32, device="cpu")
         x = self._rows(x, self.in_shape)
         if self.binary == ADD:
             return self._call(out, x, self._rows(residual, self.out_shape))

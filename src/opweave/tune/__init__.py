@@ -64,8 +64,8 @@ def workload(kind: str, key) -> tuple[str, str]:
 # one (its config's "revision", 1 where absent) is measured again, and not learned from.
 # library-form 2: until then a linear layer with a residual add called its oneDNN form
 # through torch's overload resolution, which cost 5 ms a call, so nearly every such
-# record chose the reference form. 3: convolutions gained the form "onednn-direct"
-# (oneDNN's own library, codegen/onednn_direct.py).
+# record chose the reference form. 3: convolutions and linear layers gained the form
+# "onednn-direct" (oneDNN's own library, codegen/onednn_direct.py).
 REVISIONS = {"library-form": 3, "library-form-by-size-class": 3}
 
 
