@@ -224,3 +224,25 @@ def test_an_activation_after_a_reshape_is_costed_without_an_illegal_group():
     x = torch.randn(1, 6, 24)
     torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], Executor(g)(x)[0],
                                atol=1e-4, rtol=1e-4)
+
+
+def test_a_reference_only_primitive_gives_way_to_torchs_form(monkeypatch):
+    """Where oneDNN would run its reference kernel (100-1000x slower), the group runs
+    torch's form, said once; the results are the same."""
+    real = onednn_direct.library()
+
+    class ReferenceOnlyHere:
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def ow_onednn_impl(self, handle):
+            return b"ref:any"
+
+    monkeypatch.setattr(onednn_direct, "_library", ReferenceOnlyHere())
+    g = _block()
+    lowered = lower(g, "ilp", measure=False)
+    x = torch.randn(1, 16, 9, 9)
+    with pytest.warns(onednn_direct.OneDNNWarning, match="only its reference conv"):
+        got = Executor(g, steps=lowered.steps)(x)[0]
+    torch.testing.assert_close(got, Executor(g)(x)[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], got)

@@ -265,9 +265,11 @@ def _direct_linear(graph, anchor, ep, out_shape):
     binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
     product = onednn_direct.DirectLinear((m, k, n), constant_of(graph, anchor.inputs[1]), bias,
                                          _direct_unary(ep), binary)
-    if ep.binary is not None:
-        return lambda x, other: [_shaped(product(x, other.reshape(m, n)), out_shape)]
-    return lambda x: [_shaped(product(x), out_shape)]
+
+    def run(x, other=None):
+        residual = None if other is None else other.reshape(m, n)
+        return [_shaped(product(x, residual), out_shape)]
+    return _unless_reference_only(run, lambda: _linear(graph, anchor, ep, out_shape))
 
 
 def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
@@ -289,9 +291,27 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
     def finish(y):
         return _shaped(y.squeeze(2) if one_d else y, out_shape)
 
-    if ep.binary is not None:
-        return lambda x, other: [finish(conv(to_2d(x), to_2d(other)))]
-    return lambda x: [finish(conv(to_2d(x)))]
+    def run(x, other=None):
+        return [finish(conv(to_2d(x), None if other is None else to_2d(other)))]
+    return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace))
+
+
+def _unless_reference_only(run: Callable, torch_form: Callable[[], Callable]) -> Callable:
+    """`run`, unless its primitive turns out, at its first call, to be oneDNN's reference
+    implementation (it would be 100-1000x slower; a measured choice never picks it, but
+    `measure=False` takes the direct form unmeasured): then torch's form, said once."""
+    instead: list[Callable] = []
+
+    def call(*args):
+        if not instead:
+            try:
+                return run(*args)
+            except onednn_direct.ReferenceOnly as err:
+                warn_once(f"opweave: {err}; torch's oneDNN form runs instead",
+                          onednn_direct.OneDNNWarning)
+                instead.append(torch_form())
+        return instead[0](*args)
+    return call
 
 
 def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:

@@ -38,6 +38,11 @@ UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gel
 NO_BINARY, SUM_IN_PLACE, ADD = 0, 1, 2
 
 
+class ReferenceOnly(RuntimeError):
+    """oneDNN has only its reference implementation for this primitive here (orders of
+    magnitude slower than torch's forms): the caller runs another form instead."""
+
+
 class OneDNNWarning(UserWarning):
     """oneDNN's own library cannot be used: convolutions and linear layers run through
     torch's oneDNN."""
@@ -164,6 +169,11 @@ class _Direct:
         if not handle:
             raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
+        implementation = lib.ow_onednn_impl(handle).decode()
+        if implementation.startswith("ref"):
+            lib.ow_onednn_destroy(handle)
+            raise ReferenceOnly(f"oneDNN has only its reference {self.kind} for "
+                                f"{self.geometry} here ({implementation})")
         self._context = torch.tensor([handle], dtype=torch.int64, device="cpu")
         self._run = ctypes.cast(lib.ow_onednn_run, ctypes.c_void_p).value
         weakref.finalize(self, lib.ow_onednn_destroy, handle)
