@@ -244,8 +244,8 @@ class Recorder(TorchDispatchMode):
         self.touched.append([*used, *outputs])
 
     def kernel(self, address: int, tensors: Sequence[torch.Tensor]) -> None:
-        """A raw call `void f(void**)` (a generated kernel, a quantizer, a direct oneDNN
-        convolution report theirs through `CppKernel.recording`): pointer arguments in
+        """A raw call `void f(void**)` (generated kernels, quantizers and direct oneDNN
+        primitives report theirs through `CppKernel.recording`): pointer arguments in
         order."""
         if threading.get_ident() != self.thread:
             return
@@ -414,7 +414,7 @@ class NativeState:
     def describe(self) -> str:
         if self.plan is not None:
             ops, kernels = self.counts
-            # raw calls: generated kernels, quantizers, direct oneDNN convolutions
+            # raw calls: generated kernels, quantizers, direct oneDNN primitives
             return f"native plan ({ops} operator calls, {kernels} raw kernel calls)"
         if self.reason is not None:
             return f"Python steps: {self.reason}"

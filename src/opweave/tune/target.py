@@ -52,8 +52,8 @@ def describe(threads: int | None = None) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _onednn() -> dict:
-    """The version of oneDNN's own library that convolutions may call directly
-    (codegen/onednn_direct.py), where it is installed."""
+    """The version of oneDNN's own library that convolutions and linear layers may call
+    directly (codegen/onednn_direct.py), where it is installed."""
     try:
         return {"onednn": importlib.metadata.version("onednn-cpu-gomp")}
     except importlib.metadata.PackageNotFoundError:
