@@ -237,7 +237,7 @@ def _direct_fits(anchor: Node, ep: Epilogue) -> bool:
     forms take the same ones)."""
     if any(0 in v.type.shape for v in anchor.inputs):
         return False
-    floats = all(str(v.type).startswith("f32") for v in anchor.inputs)
+    floats = all(v.type.dtype == torch.float32 for v in anchor.inputs)
     rank = len(anchor.inputs[0].type.shape)
     if rank not in ((2,) if anchor.op == "matmul" else (3, 4)):
         return False

@@ -149,11 +149,6 @@ extern "C" {
 
 const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 
-void ow_onednn_version(char* out, int size) {
-  const dnnl_version_t* v = dnnl_version();
-  std::snprintf(out, size, "%d.%d.%d", v->major, v->minor, v->patch);
-}
-
 // geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
 // sides), dilation h/w (torch's convention: 1 = dense). weight: [O, C/groups, KH, KW]
 // contiguous; bias: [O] or null. unary: 0 none, 1 relu, 2 tanh, 3 sigmoid, 4 gelu (erf),

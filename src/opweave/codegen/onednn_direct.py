@@ -91,7 +91,6 @@ def _load() -> ctypes.CDLL:
     if lib.ow_key().decode() != key:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the oneDNN module it should be")
-    lib.ow_onednn_version.argtypes = [ctypes.c_char_p, ctypes.c_int]
     lib.ow_onednn_variants.argtypes = [ctypes.c_void_p]
     for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
         create.restype = ctypes.c_void_p
@@ -121,16 +120,6 @@ def library() -> ctypes.CDLL | None:
 
 def unavailable() -> str | None:
     return _problem
-
-
-def version() -> str | None:
-    """The version of the oneDNN library loaded (e.g. 3.2.0), or None without one."""
-    lib = library()
-    if lib is None:
-        return None
-    text = ctypes.create_string_buffer(32)
-    lib.ow_onednn_version(text, len(text))
-    return text.value.decode()
 
 
 class _Direct:
@@ -175,6 +164,7 @@ class _Direct:
             raise ReferenceOnly(f"oneDNN has only its reference {self.kind} for "
                                 f"{self.geometry} here ({implementation})")
         self._context = torch.tensor([handle], dtype=torch.int64, device="cpu")
+        self._lib = lib
         self._run = ctypes.cast(lib.ow_onednn_run, ctypes.c_void_p).value
         weakref.finalize(self, lib.ow_onednn_destroy, handle)
         self.weight = self.bias = None
@@ -182,20 +172,14 @@ class _Direct:
 
     def variants(self) -> int:
         """How many primitives were made for thread counts other than the first call's."""
-        return library().ow_onednn_variants(self._handle) if self._handle else 0
-
-    def implementation(self) -> str:
-        """oneDNN's name for the kernel it runs (e.g. brgconv_1x1:avx512_core)."""
-        if self._handle is None:
-            self._create()
-        return library().ow_onednn_impl(self._handle).decode()
+        return self._lib.ow_onednn_variants(self._handle) if self._handle else 0
 
     def _call(self, out: torch.Tensor, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         if self._handle is None:
             self._create()
         tensors = [out, x, self._context, *extra]
         argv = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        library().ow_onednn_run(argv)
+        self._lib.ow_onednn_run(argv)
         from .lower import CppKernel  # a native plan's recorder listens there
         if CppKernel.recording is not None:
             CppKernel.recording(self._run, tensors)
