@@ -31,7 +31,9 @@ def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, trai
     one found. `explain` and the "remat" report say the peak achieved.
     `precision`: None (as in `options`), "fp32", "bf16": matrix products, convolutions
     and attention on bfloat16 operands with float32 accumulation, everything else in
-    float32, or "int8": linear layers and convolutions in int8 (post-training static
+    float32, "bf16x3": linear layers and convolutions computed from three bf16 parts at
+    float32's accuracy where that measures faster (AMX), or "int8": linear layers and
+    convolutions in int8 (post-training static
     quantization, everything else float32; inference only; see docs/precision.md).
     `calibration`: with "int8", the batches (each a tuple of positional arguments, a dict
     of keyword arguments, or a tensor) whose activation ranges fix the int8 scales; by

@@ -6,7 +6,7 @@ import sys
 
 # options.PRECISIONS, spelled out so parsing the command line imports no compiler
 # (tests/test_cli.py checks that the two agree)
-COMPILE_PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
+COMPILE_PRECISIONS = ("fp32", "bf16", "bf16x3", "int8", "int8-dynamic")
 
 
 def _explain(args) -> int:
@@ -490,9 +490,10 @@ def _add_bench_parser(sub, models) -> None:
                    help="default: all (inference) or eager, inductor, opweave (training); "
                         "eager is always measured as the reference")
     p.add_argument("--mode", choices=("infer", "train"), default="infer")
-    p.add_argument("--precision", choices=("fp32", "bf16", "int8"), default="fp32",
+    p.add_argument("--precision", choices=("fp32", "bf16", "bf16x3", "int8"), default="fp32",
                    help="bf16: opweave, Inductor (autocast, freezing) and OpenVINO in bf16 "
-                        "beside their fp32 forms, held to bf16's tolerance; int8: opweave and "
+                        "beside their fp32 forms, held to bf16's tolerance; bf16x3: opweave's "
+                        "products from three bf16 parts, held to float32's; int8: opweave and "
                         "ONNX Runtime statically quantized, calibrated on the benchmark's "
                         "inputs, held to int8's (default backends change accordingly)")
     p.add_argument("--batch", type=int, default=1)
@@ -522,8 +523,8 @@ def _add_bench_parser(sub, models) -> None:
                         "each --fractions budget, eager, per-block checkpointing and "
                         "Inductor (default models: bert-base at seq 512, vit-b16)")
     p.add_argument("--accuracy", action="store_true",
-                   help="only accuracy: eager fp32 and opweave in fp32, bf16 and int8 against a "
-                        "float64 reference (max abs and relative L2 of the outputs)")
+                   help="only accuracy: eager fp32 and opweave in fp32, bf16, bf16x3 and int8 "
+                        "against a float64 reference (max abs and relative L2 of the outputs)")
     p.add_argument("--dynamic", action="store_true",
                    help="only dynamic shapes: one model (default bert-base) at each --batches "
                         "x --seqs size, opweave compiled once with dynamic=True against a "

@@ -23,7 +23,7 @@ class Explanation:
     rewrites: list = field(default_factory=list)  # RewriteReport per segment
     runtime: list[str] = field(default_factory=list)  # how each segment's calls run
     memory: list[str] = field(default_factory=list)  # training: each segment's peak and plan
-    precision: str = ""  # with precision="bf16": which steps run in bf16, on which units
+    precision: str = ""  # with a lower precision: which steps run in it, on which units
     dynamic: list[str] = field(default_factory=list)  # each symbolic segment: plans, peak
 
     @property
@@ -176,6 +176,10 @@ def _precision(program, precision) -> str:
         return (f"int8-dynamic: {low} of {eligible} linear steps in int8, each activation "
                 f"quantized at its own call's range (the rest measured faster in float32); "
                 f"this CPU: {int8.units()}")
+    if precision == "bf16x3":
+        return (f"bf16x3: {low} of {eligible} linear/convolution steps from three bf16 parts "
+                f"(float32's accuracy; the rest measured faster in float32, or this CPU has "
+                f"no bf16 products); this CPU: {units()}")
     return (f"{precision}: {low} of {eligible} product/convolution/attention steps in bf16 "
             f"(the rest measured faster in float32); this CPU: {units()}")
 

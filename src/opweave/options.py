@@ -31,7 +31,9 @@ Environment variables:
                          (glibc's malloc thresholds, runtime/allocator.py), or leave the C
                          library's policy alone
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
-                         bfloat16 operands with float32 accumulation (codegen/precision.py)
+                         bfloat16 operands with float32 accumulation | bf16x3: linear
+                         layers and convolutions from three bf16 parts, float32's
+                         accuracy | int8 | int8-dynamic (codegen/precision.py, int8.py)
   OPWEAVE_ONEDNN_ROOT    where oneDNN's own library (lib/libdnnl.so.3) and headers are
                          (default: the environment's prefix, where pip puts them; read by
                          codegen/onednn_direct.py, which finds them only when needed)
@@ -54,12 +56,7 @@ FUSION_MODES = ("ilp", "greedy", "off")
 DEVICES = ("cpu", "cuda", "auto")
 NATIVE_MODES = ("background", "wait", "off")
 SCHEDULES = ("sequential", "ios", "critical-path")
-PRECISIONS = ("fp32", "bf16", "int8", "int8-dynamic")
-# precisions the project plans that are not built, and why (said when one is asked for)
-UNBUILT_PRECISIONS = {
-    "bf16x3": "it needs a bf16 GEMM with a float32 result, which torch does not expose on "
-              "the CPU (its bf16 matmuls round their result to bf16)",
-}
+PRECISIONS = ("fp32", "bf16", "bf16x3", "int8", "int8-dynamic")
 
 
 @dataclass(frozen=True)
@@ -92,8 +89,10 @@ class Options:
     # peak (a float in (0, 1]); activations are recomputed to meet it (schedule/remat/)
     memory_budget: int | float | None = None
     # "fp32", or "bf16": products, convolutions and attention computed on bfloat16
-    # operands with float32 accumulation, everything else float32 (codegen/precision.py);
-    # inference graphs only: a training step computes in float32
+    # operands with float32 accumulation, everything else float32; "bf16x3": linear
+    # layers and convolutions may compute from three bf16 parts at float32's accuracy
+    # (codegen/precision.py); "int8", "int8-dynamic" (codegen/int8.py); inference graphs
+    # only: a training step computes in float32
     precision: str = "fp32"
     # where the compiled graph runs: None (where its tensors are: each segment where its
     # example values are), "cpu", "cuda" or "cuda:N" (Triton kernels, docs/gpu.md), or
@@ -205,9 +204,6 @@ def _check_budget(budget) -> None:
 
 
 def _check_precision(precision) -> None:
-    if precision in UNBUILT_PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not available: "
-                         f"{UNBUILT_PRECISIONS[precision]}; use one of {', '.join(PRECISIONS)}")
     _choice("precision", precision, PRECISIONS)
 
 

@@ -128,6 +128,9 @@ def _program_notes(programs) -> list[str]:
     in_bf16, eligible = tally(steps, "bf16")
     if in_bf16:
         notes.append(f"{in_bf16} of {eligible} product/convolution/attention steps in bf16")
+    split, eligible = tally(steps, "bf16x3")
+    if split:
+        notes.append(f"{split} of {eligible} linear/convolution steps from bf16 parts (bf16x3)")
     in_int8, eligible = tally(steps, "int8")
     if in_int8:
         notes.append(f"{in_int8} of {eligible} linear/convolution steps in int8")
@@ -188,6 +191,10 @@ def _infer_opweave(bench, threads, rewrite=None, fusion=None, native=None, tuned
 
 def _infer_opweave_bf16(bench, threads):
     return _infer_opweave(bench, threads, precision="bf16")
+
+
+def _infer_opweave_bf16x3(bench, threads):
+    return _infer_opweave(bench, threads, precision="bf16x3")
 
 
 def _infer_opweave_int8(bench, threads):
@@ -565,6 +572,8 @@ PREPARE: dict[str, dict[str, Callable[..., Prepared]]] = {
     "opweave-bf16": {INFER: _infer_opweave_bf16, TRAIN: _inference_only("precision bf16")},
     "opweave-dynamo-bf16": {INFER: _infer_opweave_dynamo_bf16,
                             TRAIN: _inference_only("precision bf16")},
+    # float32's accuracy from bf16 parts (`opweave bench --precision bf16x3`)
+    "opweave-bf16x3": {INFER: _infer_opweave_bf16x3, TRAIN: _inference_only("precision bf16x3")},
     # int8 by the user's choice (`opweave bench --precision int8`), held to int8's tolerance
     "onnxruntime-int8": {INFER: _infer_onnxruntime_int8,
                          TRAIN: _inference_only("ONNX Runtime int8")},

@@ -9,7 +9,9 @@ stay channels-last from one convolution to the next (a residual operand is broug
 that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
-faster. Each anchor group
+faster. Under precision "bf16x3" it also has the form "onednn-bf16x3": the direct form
+computed from three bf16 parts of each operand, float32's accuracy (codegen/precision.py).
+Each anchor group
 also has its reference form (the same nodes as torch ops); the faster of the two is
 chosen by measuring both at the group's shapes (best of 7 interleaved runs), once per
 shape in a process.
@@ -82,16 +84,23 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
     low = prec.applies(precision, anchor.op)
+    direct = not low and _direct_fits(anchor, ep) and _direct_offered()
+    split = direct and _bf16x3_offered(precision, anchor.op)
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
-        if not low and _direct_fits(anchor, ep) and _direct_offered():
+        if direct:
             found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
+        if split:
+            found["onednn-bf16x3"] = _direct_linear(graph, anchor, ep, out_shape, parts=3)
     else:
         found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
-        if not low and _direct_fits(anchor, ep) and _direct_offered():
+        if direct:
             found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
+        if split:
+            found["onednn-bf16x3"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
+                                                  parts=3)
     if int8.applies(precision, anchor.op) and int8_supported() and _int8_fuses(anchor, ep):
         found.update(_int8_forms(graph, anchor, ep, out_shape, inplace, precision,
                                  found["onednn"]))
@@ -253,9 +262,22 @@ def _direct_unary(ep: Epilogue):
     return ep.unary.op if ep.unary.op in onednn_direct.UNARY else "unknown"
 
 
-def _direct_linear(graph, anchor, ep, out_shape):
+def _bf16x3_offered(precision: str, op: str) -> bool:
+    """Whether the group has the form "onednn-bf16x3": bf16x3 was asked for and oneDNN
+    has bf16 products on this CPU (else one warning says the products stay float32)."""
+    if not prec.splits(precision, op):
+        return False
+    problem = onednn_direct.bf16x3_problem()
+    if problem is not None:
+        warn_once(f"opweave: precision 'bf16x3' computes in float32 here: {problem}",
+                  onednn_direct.OneDNNWarning)
+    return problem is None
+
+
+def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1):
     """The product on oneDNN's own library (codegen/onednn_direct.py), with the bias,
-    activation and residual add of `_linear` as post-ops."""
+    activation and residual add of `_linear` as post-ops; from three bf16 parts of each
+    operand where `parts` is 3 (bf16x3)."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     bias = None
@@ -264,7 +286,7 @@ def _direct_linear(graph, anchor, ep, out_shape):
                                        if v is not anchor.outputs[0])).reshape(n)
     binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
     product = onednn_direct.DirectLinear((m, k, n), constant_of(graph, anchor.inputs[1]), bias,
-                                         _direct_unary(ep), binary)
+                                         _direct_unary(ep), binary, parts)
 
     def run(x, other=None):
         residual = None if other is None else other.reshape(m, n)
@@ -272,9 +294,10 @@ def _direct_linear(graph, anchor, ep, out_shape):
     return _unless_reference_only(run, lambda: _linear(graph, anchor, ep, out_shape))
 
 
-def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
+def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1):
     """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
-    over a height of 1 as in `_conv`; its primitive is made at its first call."""
+    over a height of 1 as in `_conv`; its primitive is made at its first call. `parts`: as
+    for `_direct_linear`."""
     one_d, size, padding, stride, dilation = _as_2d(anchor)
     weight = constant_of(graph, anchor.inputs[1])
     weight = weight.unsqueeze(2) if one_d else weight
@@ -283,7 +306,7 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False):
         onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
     geometry = (*size, weight.shape[0], *weight.shape[2:], anchor.attrs["groups"],
                 *stride, *padding, *dilation)
-    conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary)
+    conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary, parts)
 
     def to_2d(t):
         return t.unsqueeze(2) if one_d else t
@@ -534,7 +557,8 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
-    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op)
+    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
+        or prec.splits(precision, anchor.op)
     return key + (("precision", precision),) if lowered else key
 
 

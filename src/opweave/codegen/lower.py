@@ -109,7 +109,8 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     kernels. `measure=False` costs anchors by the roofline and always takes the library
     form (deterministic; tests that count kernels use it; the generated kernels' schedules
     still come from the tuning database under kernels="recorded"). `precision`: "bf16" computes
-    products, convolutions and attention on bfloat16 operands (codegen/precision.py).
+    products, convolutions and attention on bfloat16 operands, "bf16x3" offers linear layers
+    and convolutions a form computed from three bf16 parts (codegen/precision.py).
     Nodes in `apart` are fused with nothing (masks the memory budget keeps).
     `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels
     and torch's CUDA libraries, for GPU tensors; codegen/triton). `kernels`: how the
@@ -242,19 +243,19 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8", "onednn-direct", "onednn") if c in candidates),
-                      "reference")
+        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "onednn-direct", "onednn")
+                       if c in candidates), "reference")
     kind = "library" if chosen.startswith("onednn") else "reference"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
     if kind == "library" and prec.applies(precision, nodes[0].op):
         name += f" [{precision}]"
         computes_in = precision
-    if chosen.startswith("onednn-int8"):
+    if chosen.startswith("onednn-int8") or chosen == "onednn-bf16x3":
         name += f" [{precision}]"
         computes_in = precision
     overwrites = None
-    if inplace and chosen in ("onednn", "onednn-direct", "onednn-int8"):
+    if inplace and chosen in ("onednn", "onednn-direct", "onednn-int8", "onednn-bf16x3"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]

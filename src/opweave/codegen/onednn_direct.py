@@ -18,6 +18,7 @@ warning says why.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import sys
@@ -72,11 +73,14 @@ def _locate() -> tuple[Path, str, list[str], list[str], str]:
                                    f"it comes with the onednn-cpu-gomp and "
                                    f"onednn-devel-cpu-gomp packages)")
     source = SOURCE.read_text()
-    # -fopenmp: omp_get_max_threads, from the libgomp torch and oneDNN share
-    flags = ["-O2", "-std=c++17", "-fPIC", "-shared", "-fopenmp", f"-I{include}"]
+    # -fopenmp: omp_get_max_threads, from the libgomp torch and oneDNN share; -O3 and
+    # -march=native vectorize bf16x3's split (so the key names the CPU's features)
+    flags = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
+             f"-I{include}"]
     libraries = [f"-L{lib}", "-l:libdnnl.so.3", f"-Wl,-rpath,{lib}"]
     stamp = f"{shared.resolve().name}:{shared.stat().st_size}"
-    parts = [source, build.compiler_version(), " ".join(flags + libraries), stamp, str(FORMAT)]
+    parts = [source, build.compiler_version(), " ".join(flags + libraries), stamp, str(FORMAT),
+             build.cpu_features()]
     key = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:32]
     flags.append(f'-DOPWEAVE_ONEDNN_KEY="{key}"')
     path = cache_root() / "onednn-v1" / f"onednn_direct-{key}.so"
@@ -95,7 +99,8 @@ def _load() -> ctypes.CDLL:
     for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
         create.restype = ctypes.c_void_p
         create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                           ctypes.c_int]
     lib.ow_onednn_impl.restype = ctypes.c_char_p
     lib.ow_onednn_impl.argtypes = [ctypes.c_void_p]
     lib.ow_onednn_destroy.argtypes = [ctypes.c_void_p]
@@ -122,6 +127,42 @@ def unavailable() -> str | None:
     return _problem
 
 
+@functools.lru_cache(maxsize=1)
+def bf16x3_problem() -> str | None:
+    """Why oneDNN cannot compute bf16x3 products here (None: it can): a CPU without
+    AVX-512 has no bf16 primitives in oneDNN 3.2, and its reference ones would be 100-1000x
+    slower than float32. Probed once, on a small product."""
+    if library() is None:
+        return f"oneDNN's library is unavailable: {unavailable()}"
+    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4), None, parts=3)
+    try:
+        probe(torch.zeros(4, 8))
+    except (RuntimeError, ReferenceOnly) as err:
+        return str(err)
+    return None
+
+
+def bf16_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Three bfloat16 tensors whose float32 sum is `x` to float32's precision: each the
+    rounded rest of the ones before (an infinite or NaN value is all in its first part)."""
+    found = []
+    rest = x.to(torch.float32)
+    for _ in range(3):
+        part = rest.to(torch.bfloat16)
+        found.append(part)
+        wide = part.float()
+        rest = torch.where(torch.isfinite(wide), rest - wide, torch.zeros_like(rest))
+    return found[0], found[1], found[2]
+
+
+def bf16x3_weight(weight: torch.Tensor, axis: int) -> torch.Tensor:
+    """A weight's bf16 parts in the slots [w0 w1 w2 w0 w1 w0] along its reduction axis,
+    against the source's [x0 x0 x0 x1 x1 x2] (onednn_direct.cpp): the six cross products
+    with i + j <= 2, float32's accuracy (Henry, Tang and Heinecke, ARITH'19)."""
+    w0, w1, w2 = bf16_parts(weight)
+    return torch.cat([w0, w1, w2, w0, w1, w0], dim=axis).contiguous()
+
+
 class _Direct:
     """One primitive, made at its first call from the weights it was given (then let go:
     they are packed inside it). Calls report themselves to a native plan's recorder like a
@@ -129,13 +170,17 @@ class _Direct:
     constant int64 tensor, then the residual operand if any."""
 
     kind = ""  # "conv" | "linear": which `ow_onednn_<kind>_create` makes it
+    reduction_axis = 0  # the weight's axis its source's values are summed against
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary, binary: int):
+                 unary, binary: int, parts: int = 1):
+        if parts not in (1, 3):
+            raise ValueError(f"a direct oneDNN {self.kind} computes from 1 or 3 parts, "
+                             f"not {parts}")
         self.geometry = tuple(int(g) for g in geometry)
         # as given (a view of the graph's constant): made contiguous only when packed
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
-        self.unary, self.binary = UNARY[unary], binary
+        self.unary, self.binary, self.parts = UNARY[unary], binary, parts
         self._handle: int | None = None
         self._context: torch.Tensor | None = None
 
@@ -151,10 +196,12 @@ class _Direct:
         error = ctypes.create_string_buffer(512)
         create = getattr(lib, f"ow_onednn_{self.kind}_create")
         weight = self.weight.to(torch.float32).contiguous()
+        if self.parts == 3:
+            weight = bf16x3_weight(weight, self.reduction_axis)
         bias = None if self.bias is None else self.bias.to(torch.float32).contiguous()
         handle = create((ctypes.c_int64 * len(self.geometry))(*self.geometry),
                         weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                        self.unary, self.binary, error, len(error))
+                        self.unary, self.binary, self.parts, error, len(error))
         if not handle:
             raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
@@ -199,10 +246,11 @@ class DirectConv(_Direct):
     ADD (a residual operand, NHWC like the output)."""
 
     kind = "conv"
+    reduction_axis = 1  # [O, C/groups, KH, KW]: each group's block of input channels
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY):
-        super().__init__(geometry, weight, bias, unary, binary)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1):
+        super().__init__(geometry, weight, bias, unary, binary, parts)
         n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -235,8 +283,8 @@ class DirectLinear(_Direct):
     kind = "linear"
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY):
-        super().__init__(geometry, weight, bias, unary, binary)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1):
+        super().__init__(geometry, weight, bias, unary, binary, parts)
         m, k, n = self.geometry
         self.in_shape, self.out_shape = (m, k), (m, n)
 

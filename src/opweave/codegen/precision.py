@@ -11,8 +11,17 @@ attention, reductions, pointwise kernels) computes in float32 as before, and gra
 inputs and outputs stay float32. A library group whose float32 form measures faster than
 its bf16 form keeps float32 (only more accurate); `explain` counts the bf16 steps.
 
+"bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
+or convolution with a constant weight may compute from three bf16 parts of each operand,
+the six largest of their cross products summed in float32 (oneDNN's bf16 primitive over a
+six times longer reduction: codegen/onednn_direct.cpp). Six bf16 products pay only where
+bf16 runs more than six times float32's rate (AMX tiles), so whether a group splits is
+measured against its float32 forms at its shapes; everything else computes in float32.
+
 On a CPU without bf16 units (AVX2 only) oneDNN still computes bf16 correctly, converting
 in software, and is then slower than float32; `units()` says which units this CPU has.
+There oneDNN 3.2 (the library "bf16x3" runs on) has no bf16 primitives at all, and bf16x3
+computes in float32, said once.
 """
 from __future__ import annotations
 
@@ -95,6 +104,16 @@ def applies(precision: str, op: str) -> bool:
     return precision == "bf16" and op in LOWERED_OPS
 
 
+# what "bf16x3" may compute from three bf16 parts: linear layers and convolutions with
+# constant weights (library groups); products of two run-time operands stay float32
+SPLIT_OPS = frozenset({"matmul", "conv"})
+
+
+def splits(precision: str, op: str) -> bool:
+    """Whether a library group anchored on `op` has a bf16x3 form under `precision`."""
+    return precision == "bf16x3" and op in SPLIT_OPS
+
+
 def cpu_flags(cpuinfo: str | None = None) -> set[str]:
     """The CPU's feature flags, from `/proc/cpuinfo` or the text given."""
     for line in (_cpuinfo() if cpuinfo is None else cpuinfo).splitlines():
@@ -124,14 +143,16 @@ def _cpuinfo() -> str:
 
 def tally(steps, precision: str = "bf16") -> tuple[int, int]:
     """(steps computing in `precision`, steps that could: products, convolutions and
-    attention for bf16; library groups of linear layers and convolutions for int8, of
-    linear layers for int8-dynamic): what `explain` and the bench say of a compiled
-    graph's precision."""
+    attention for bf16; library groups of linear layers and convolutions for int8 and
+    bf16x3, of linear layers for int8-dynamic): what `explain` and the bench say of a
+    compiled graph's precision."""
     from .int8 import quantized_ops
 
     if precision.startswith("int8"):  # only library groups (constant weights) quantize
         eligible = [s for s in steps if s.kind == "library"
                     and s.nodes[0].op in quantized_ops(precision)]
+    elif precision == "bf16x3":  # and only they split
+        eligible = [s for s in steps if s.kind == "library" and s.nodes[0].op in SPLIT_OPS]
     else:
         eligible = [s for s in steps if any(n.op in LOWERED_OPS for n in s.nodes)]
     return sum(s.precision == precision for s in eligible), len(eligible)
