@@ -132,6 +132,10 @@ def _footnotes(result: BenchResult) -> list[str]:
         notes.append(f"*-bf16 backends compute in bf16: held to a relative L2 difference "
                      f"from eager of {LOW_PRECISION_REL_L2['bf16']:g} instead; this CPU's bf16 "
                      f"units: {units()}.")
+    if any(b.endswith("-bf16x3") for b in _backends(result)):
+        notes.append(f"*-bf16x3 backends compute linear layers and convolutions from three "
+                     f"bf16 parts where that measured faster, at float32's accuracy: held to "
+                     f"float32's tolerance; this CPU's bf16 units: {units()}.")
     if "int8" in lows:
         notes.append(f"*-int8 backends compute linear layers and convolutions in int8, "
                      f"calibrated on the benchmark's inputs: held to a relative L2 difference "

@@ -157,8 +157,9 @@ def bf16_parts(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tenso
 
 def bf16x3_weight(weight: torch.Tensor, axis: int) -> torch.Tensor:
     """A weight's bf16 parts in the slots [w0 w1 w2 w0 w1 w0] along its reduction axis,
-    against the source's [x0 x0 x0 x1 x1 x2] (onednn_direct.cpp): the six cross products
-    with i + j <= 2, float32's accuracy (Henry, Tang and Heinecke, ARITH'19)."""
+    against the source's [x2 x1 x0 x1 x0 x0] (onednn_direct.cpp): the six cross products
+    with i + j <= 2, float32's accuracy (Henry, Tang and Heinecke, ARITH'19), smallest
+    first."""
     w0, w1, w2 = bf16_parts(weight)
     return torch.cat([w0, w1, w2, w0, w1, w0], dim=axis).contiguous()
 
