@@ -139,7 +139,9 @@ inline float rest_after(float x, uint32_t part) {
   return (part & 0x7f800000u) != 0x7f800000u ? x - float_of(part) : 0.f;
 }
 
-// `width` values' parts in six slots [x2 x1 x0 x1 x0 x0] of `width` each
+// `width` values' parts in six slots [x2 x1 x0 x1 x0 x0] of `width` each. An infinite or
+// NaN value (all in its first part) stays only in the slot that meets the weight's first
+// part: against w1 or w2 (0 or of either sign) it would make NaN where float32 gives inf.
 void split_block(const float* __restrict in, uint16_t* __restrict out, int64_t width) {
   uint16_t* __restrict s0 = out;
   uint16_t* __restrict s1 = out + width;
@@ -156,7 +158,8 @@ void split_block(const float* __restrict in, uint16_t* __restrict out, int64_t w
     const uint32_t p1 = rounded(bits_of(r0));
     const uint32_t p2 = rounded(bits_of(rest_after(r0, p1)));
     const uint16_t x0 = p0 >> 16, x1 = p1 >> 16, x2 = p2 >> 16;
-    s0[i] = x2, s1[i] = x1, s2[i] = x0, s3[i] = x1, s4[i] = x0, s5[i] = x0;
+    const uint16_t x0_crossed = (p0 & 0x7f800000u) != 0x7f800000u ? x0 : 0;
+    s0[i] = x2, s1[i] = x1, s2[i] = x0_crossed, s3[i] = x1, s4[i] = x0_crossed, s5[i] = x0;
   }
 }
 

@@ -161,7 +161,10 @@ def bf16x3_weight(weight: torch.Tensor, axis: int) -> torch.Tensor:
     with i + j <= 2, float32's accuracy (Henry, Tang and Heinecke, ARITH'19), smallest
     first."""
     w0, w1, w2 = bf16_parts(weight)
-    return torch.cat([w0, w1, w2, w0, w1, w0], dim=axis).contiguous()
+    # an infinite or NaN weight only meets the source's first part (as x0 meets only w0 in
+    # onednn_direct.cpp): against x1 or x2, often 0, it would make NaN where float32 has inf
+    crossed = torch.where(torch.isfinite(w0), w0, torch.zeros_like(w0))
+    return torch.cat([crossed, w1, w2, crossed, w1, w0], dim=axis).contiguous()
 
 
 class _Direct:
