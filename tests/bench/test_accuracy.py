@@ -22,9 +22,11 @@ def test_error_is_over_all_outputs_together():
 def test_each_precisions_error_is_its_own(monkeypatch):
     monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the library forms, whichever is faster here
     errors = {e.mode: e for e in accuracy.measure(small_model("bert-base"))}
-    assert set(errors) == {"eager fp32", "opweave fp32", "opweave bf16", "opweave int8"}
+    assert set(errors) == {"eager fp32", "opweave fp32", "opweave bf16", "opweave bf16x3",
+                           "opweave int8"}
     assert errors["eager fp32"].rel_l2 < 1e-5
     assert errors["opweave fp32"].rel_l2 < 1e-5
+    assert errors["opweave bf16x3"].rel_l2 < 1e-5     # float32's accuracy from bf16 parts
     assert 1e-4 < errors["opweave bf16"].rel_l2 < 2e-2
     assert 1e-4 < errors["opweave int8"].rel_l2 < 1e-1
     assert errors["eager fp32"].cosine == pytest.approx(1.0)

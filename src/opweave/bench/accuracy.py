@@ -89,7 +89,9 @@ def measure(bench: BenchmarkModel, precisions=("fp32", "bf16", "bf16x3", "int8")
         runs = {"eager fp32": module(*bench.inputs)}
         for p in precisions:
             calibration = other_batches(bench) if p == "int8" else None
-            options = replace(Options.resolve(), precision=p, measure=p != "bf16x3")
+            options = Options.resolve(precision=p)
+            if p == "bf16x3":
+                options = replace(options, measure=False)
             compiled = opweave_compile(module, bench.inputs, name=bench.name, options=options,
                                        calibration=calibration)
             runs[f"opweave {p}"] = compiled(*bench.inputs)
