@@ -9,7 +9,9 @@ stay channels-last from one convolution to the next (a residual operand is broug
 that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
-faster. Under precision "bf16x3" it also has the form "onednn-bf16x3": the direct form
+faster. A linear layer of at most 16 rows also has the form "cpp-gemv", a kernel of opweave's
+own for products bound by streaming their weight (codegen/gemv.py). Under precision
+"bf16x3" it also has the form "onednn-bf16x3": the direct form
 computed from three bf16 parts of each operand, float32's accuracy (codegen/precision.py).
 Each anchor group
 also has its reference form (the same nodes as torch ops); the faster of the two is
@@ -34,7 +36,7 @@ from ..notices import warn_once
 from ..partition.classify import constant_of
 from ..partition.legality import Epilogue
 from .. import shared_constants
-from . import int8, onednn_direct, quantize
+from . import gemv, int8, onednn_direct, quantize
 from . import precision as prec
 
 _UNARY = {"relu": ("relu", [], ""), "tanh": ("tanh", [], ""), "sigmoid": ("sigmoid", [], "")}
@@ -90,6 +92,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
         if direct:
             found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
+        if not low and _gemv_fits(anchor, ep):
+            found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
         if split:
             found["onednn-bf16x3"] = _direct_linear(graph, anchor, ep, out_shape, parts=3)
     else:
@@ -260,6 +264,29 @@ def _direct_unary(ep: Epilogue):
     if ep.unary.op == "gelu":
         return "gelu", ep.unary.attrs["approximate"]
     return ep.unary.op if ep.unary.op in onednn_direct.UNARY else "unknown"
+
+
+def _gemv_fits(anchor: Node, ep: Epilogue) -> bool:
+    """Whether the few-row product kernel can run the group (codegen/gemv.py): a float32
+    product of at most gemv.MAX_ROWS rows with the epilogues the direct form takes, where
+    the kernel builds."""
+    return _direct_fits(anchor, ep) and anchor.inputs[0].type.shape[0] <= gemv.MAX_ROWS \
+        and gemv.kernel() is not None
+
+
+def _gemv(graph, anchor, ep, out_shape):
+    """The product on the few-row kernel, with `_linear`'s bias, residual add and
+    activation applied as each output is stored."""
+    m, n = anchor.inputs[0].type.shape[0], anchor.inputs[1].type.shape[1]
+    bias = None
+    if ep.bias is not None:
+        bias = constant_of(graph, next(v for v in ep.bias.inputs if v is not anchor.outputs[0]))
+    product = gemv.Gemv(m, constant_of(graph, anchor.inputs[1]), bias, _direct_unary(ep),
+                        residual=ep.binary is not None)
+
+    def run(x, other=None):
+        return [_shaped(product(x, None if other is None else other.reshape(m, n)), out_shape)]
+    return run
 
 
 def _bf16x3_offered(precision: str, op: str) -> bool:

@@ -243,9 +243,9 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "onednn-direct", "onednn")
-                       if c in candidates), "reference")
-    kind = "library" if chosen.startswith("onednn") else "reference"
+        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "cpp-gemv", "onednn-direct",
+                                   "onednn") if c in candidates), "reference")
+    kind = "reference" if chosen == "reference" else "library"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
     if kind == "library" and prec.applies(precision, nodes[0].op):

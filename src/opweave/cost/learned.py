@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 KINDS = ("library-form", "gemm-form")  # the decisions this model ranks
-FORMS = ("reference", "onednn", "onednn-gemm", "torch", "onednn-direct")  # every candidate those measure
+# every candidate those measure
+FORMS = ("reference", "onednn", "onednn-gemm", "torch", "onednn-direct", "cpp-gemv")
 _OPS = ("matmul", "conv")
 _BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
 FEATURES = ("kind", "op", "form", "log_rows", "log_k", "log_n", "log_flops", "log_bytes",

@@ -65,8 +65,9 @@ def workload(kind: str, key) -> tuple[str, str]:
 # library-form 2: until then a linear layer with a residual add called its oneDNN form
 # through torch's overload resolution, which cost 5 ms a call, so nearly every such
 # record chose the reference form. 3: convolutions and linear layers gained the form
-# "onednn-direct" (oneDNN's own library, codegen/onednn_direct.py).
-REVISIONS = {"library-form": 3, "library-form-by-size-class": 3}
+# "onednn-direct" (oneDNN's own library, codegen/onednn_direct.py). 4: linear layers of
+# up to 16 rows gained "cpp-gemv" (codegen/gemv.py).
+REVISIONS = {"library-form": 4, "library-form-by-size-class": 4}
 
 
 def is_current(record: Record) -> bool:
