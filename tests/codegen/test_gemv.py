@@ -76,6 +76,19 @@ def test_it_is_offered_to_few_row_float32_products_only():
     assert "cpp-gemv" not in library.forms(g, anchor, ep)
 
 
+def test_a_graph_compiled_for_many_sizes_is_not_offered_it_and_keeps_its_own_records():
+    """Its plans share torch's packs there, where the kernel would keep a copy of each
+    weight per plan; its choice among fewer forms must not overwrite a one-size record."""
+    from opweave import shared_constants
+
+    g, anchor, ep = _linear_group(1)
+    alone = library.signature(g, anchor, ep)
+    with shared_constants.sharing(1):
+        assert "cpp-gemv" not in library.forms(g, anchor, ep)
+        shared = library.signature(g, anchor, ep)
+    assert ("without", "cpp-gemv") in shared and ("without", "cpp-gemv") not in alone
+
+
 def test_a_batch_one_model_runs_it_and_the_native_plan_replays_it(monkeypatch):
     calls = []
     call = gemv.Gemv.__call__

@@ -92,7 +92,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
         if direct:
             found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
-        if not low and _gemv_fits(anchor, ep):
+        if not low and _gemv_fits(anchor, ep) and _gemv_offered():
             found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
         if split:
             found["onednn-bf16x3"] = _direct_linear(graph, anchor, ep, out_shape, parts=3)
@@ -268,10 +268,16 @@ def _direct_unary(ep: Epilogue):
 
 def _gemv_fits(anchor: Node, ep: Epilogue) -> bool:
     """Whether the few-row product kernel can run the group (codegen/gemv.py): a float32
-    product of at most gemv.MAX_ROWS rows with the epilogues the direct form takes, where
-    the kernel builds."""
-    return _direct_fits(anchor, ep) and anchor.inputs[0].type.shape[0] <= gemv.MAX_ROWS \
-        and gemv.kernel() is not None
+    product of at most gemv.MAX_ROWS rows with the epilogues the direct form takes."""
+    return anchor.op == "matmul" and _direct_fits(anchor, ep) \
+        and anchor.inputs[0].type.shape[0] <= gemv.MAX_ROWS
+
+
+def _gemv_offered() -> bool:
+    """Whether the form "cpp-gemv" is offered here: the kernel builds, and the graph is
+    compiled for one size (it keeps its own copy of the weight, as the direct form does,
+    where the plans of a graph compiled for many sizes share torch's packs)."""
+    return not shared_constants.in_scope() and gemv.kernel() is not None
 
 
 def _gemv(graph, anchor, ep, out_shape):
@@ -580,6 +586,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
         # measured without that form: a choice among fewer forms is another decision (a
         # graph compiled for many sizes must not overwrite what one size chose)
         key += (("without", "onednn-direct"),)
+    if not prec.applies(precision, anchor.op) and _gemv_fits(anchor, ep) \
+            and not _gemv_offered():
+        key += (("without", "cpp-gemv"),)
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
