@@ -89,13 +89,25 @@ def test_a_graph_compiled_for_many_sizes_is_not_offered_it_and_keeps_its_own_rec
     assert ("without", "cpp-gemv") in shared and ("without", "cpp-gemv") not in alone
 
 
+class _Residual(nn.Module):
+    """Linear + GELU, then a linear layer with a residual add: both epilogues."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(64, 128), nn.Linear(128, 128)
+
+    def forward(self, x):
+        h = F.gelu(self.fc1(x))
+        return self.fc2(h) + h
+
+
 def test_a_batch_one_model_runs_it_and_the_native_plan_replays_it(monkeypatch):
     calls = []
     call = gemv.Gemv.__call__
     monkeypatch.setattr(gemv.Gemv, "__call__",
                         lambda self, *args: calls.append(self.in_shape) or call(self, *args))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval()
+    model = _Residual().eval()
     x = torch.randn(1, 64)
     compiled = opweave.compile(model, (x,), options=Options(
         measure=False, deterministic=True, native="wait", tuning_db=None))

@@ -25,7 +25,7 @@ def _named(values: tuple) -> dict:
 
 def test_conv_features_are_its_gemm_geometry():
     f = _named(learned.features("library-form", CONV, "onednn", TARGET))
-    assert f["op"] == learned._OPS.index("conv") and f["form"] == learned.FORMS.index("onednn")
+    assert f["op"] == learned._OPS.index("conv") and f[learned.FORM] == learned.FORMS.index("onednn")
     assert (f["log_rows"], f["log_k"], f["log_n"]) == (28 * 28, 64 * 9, 128)
     assert (f["window"], f["stride"], f["groups"]) == (9, 2, 1)
     assert (f["epilogue_ops"], f["epilogue_binary"], f["threads"]) == (2, 1, 2)

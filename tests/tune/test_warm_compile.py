@@ -80,7 +80,8 @@ def test_a_recheck_measures_recorded_forms_again_and_decides_on_every_sample(tmp
             old = len(r.samples[form])
             assert times[:old] == [1.0] * old and len(times) > old
         assert again.seconds < 1.0
-        assert again.config["form"] == min(again.samples, key=lambda f: min(again.samples[f]))
+        # the decision rule on all the samples (the fastest, or the direct form within 3%)
+        assert again.config["form"] == library._preferring_direct(again.samples)
     with torch.no_grad():
         torch.testing.assert_close(rechecked(x), model(x), rtol=1e-4, atol=1e-5)
 

@@ -17,6 +17,7 @@ native plan calls it as a raw function.
 from __future__ import annotations
 
 import ctypes
+import os
 import warnings
 from functools import lru_cache
 
@@ -80,7 +81,9 @@ def kernel():
         warnings.warn(f"opweave: the few-row product kernel could not be built ({err}); "
                       "linear layers at batch 1 run on oneDNN", RuntimeWarning, stacklevel=2)
         return None
-    lib.ow_set_threads(torch.get_num_threads())
+    # its team is then the calling thread's OpenMP count (torch.set_num_threads), however
+    # that changes after the build
+    lib.ow_set_threads(os.cpu_count() or 1)
     fn = lib.ow_gemv
     fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
     fn.restype = None

@@ -593,8 +593,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
-    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
-        or prec.splits(precision, anchor.op)
+    split = prec.splits(precision, anchor.op) and _direct_fits(anchor, ep) \
+        and _direct_offered() and onednn_direct.bf16x3_problem() is None
+    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) or split
     return key + (("precision", precision),) if lowered else key
 
 

@@ -23,12 +23,17 @@ from typing import Iterable, Sequence
 KINDS = ("library-form", "gemm-form")  # the decisions this model ranks
 # every candidate those measure
 FORMS = ("reference", "onednn", "onednn-gemm", "torch", "onednn-direct", "cpp-gemv")
+# the feature holding a form's index in FORMS, named for this list: a model trained on
+# another list reads indices that mean other forms, so it is refused (`Ranker.from_text`)
+# and every form is measured until `opweave tune ranker` trains one again
+FORM = "form_of_6"
+
 _OPS = ("matmul", "conv")
 _BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})
-FEATURES = ("kind", "op", "form", "log_rows", "log_k", "log_n", "log_flops", "log_bytes",
+FEATURES = ("kind", "op", FORM, "log_rows", "log_k", "log_n", "log_flops", "log_bytes",
             "window", "stride", "groups", "epilogue_ops", "epilogue_binary", "a_transposed",
             "b_transposed", "threads", "cores", "avx512")
-CATEGORICAL = ("kind", "op", "form")
+CATEGORICAL = ("kind", "op", FORM)
 _SHAPE = re.compile(r"\[([0-9, ]*)\]")
 
 
@@ -119,7 +124,7 @@ def features(kind: str, key, form: str, target: dict) -> tuple[float, ...]:
     flops = 2 * g["rows"] * g["k"] * g["n"]
     values = {
         "kind": KINDS.index(kind), "op": g["op"],
-        "form": FORMS.index(form) if form in FORMS else len(FORMS),
+        FORM: FORMS.index(form) if form in FORMS else len(FORMS),
         "log_rows": _log(g["rows"]), "log_k": _log(g["k"]), "log_n": _log(g["n"]),
         "log_flops": _log(flops), "log_bytes": _log(g["bytes"]),
         "threads": g.get("threads", target.get("threads", 1)),

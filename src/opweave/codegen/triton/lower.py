@@ -30,6 +30,10 @@ def lower_for_triton(graph: Graph, mode: str, ilp_seconds: float, precision: str
     """codegen.lower's steps for `target="triton"` (see the module's docstring)."""
     from ..lower import FusionWarning, Lowered, Step, _drop_unread, _topological, op_step, reference_fn
 
+    if precision == "bf16x3":  # a CPU form (oneDNN's bf16 products with float32 results)
+        warn_once("opweave: precision 'bf16x3' computes in float32 on the GPU",
+                  FusionWarning)
+        precision = "fp32"
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, apart=apart)
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
