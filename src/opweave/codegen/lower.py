@@ -21,7 +21,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
-from . import build, gemm, kernel_schedule, library
+from . import attention, build, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
@@ -80,6 +80,14 @@ def gemm_step(node: Node) -> Step:
     db = tune.active()
     return Step(lambda a, b: [gemm.measured_matmul(a, b, db)], list(node.inputs),
                 list(node.outputs), [node], "library", "matmul (measured GEMM)")
+
+
+def attention_step(node: Node) -> Step:
+    """An attention on torch's fused kernel or as two batched products and a softmax,
+    whichever measured faster at its shapes (codegen/attention.py; at compile time,
+    recorded in the active tuning database)."""
+    name, fn = attention.measured(node, tune.active())
+    return Step(fn, list(node.inputs), list(node.outputs), [node], "op", f"attention ({name})")
 
 
 def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
@@ -151,6 +159,8 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
                 _add_kernel(graph, lowered, pending, nodes, src)
             elif measure and gemm.applies(single) and not prec.applies(precision, single.op):
                 lowered.steps.append(gemm_step(single))
+            elif measure and attention.applies(single) and not prec.applies(precision, single.op):
+                lowered.steps.append(attention_step(single))
             else:
                 lowered.steps.append(op_step(single, precision))
             continue
