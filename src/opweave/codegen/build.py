@@ -270,6 +270,28 @@ def load(body: str) -> ctypes.CDLL:
     return lib
 
 
+def helper_functions(body: str, names, what: str, instead: str) -> dict | None:
+    """The functions `names` (each `void(void**)`, a generated kernel's signature) of a
+    hand-written C++ helper, built once per machine like a kernel; None, with one
+    warning naming `what` could not be built and what runs `instead`, where no compiler
+    builds it. Their parallel regions take the calling thread's OpenMP count
+    (torch.set_num_threads), however it changes after the build."""
+    try:
+        lib = load(body)
+    except BuildError as err:
+        warnings.warn(f"opweave: {what} could not be built ({err}); {instead}",
+                      RuntimeWarning, stacklevel=3)
+        return None
+    lib.ow_set_threads(os.cpu_count() or 1)
+    found = {}
+    for name in names:
+        fn = getattr(lib, name)
+        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+        fn.restype = None
+        found[name] = fn
+    return found
+
+
 def load_many(bodies: list[str]) -> list[ctypes.CDLL]:
     """Build several translation units in parallel (one compiler process per core)."""
     key_of("")  # fail fast, once, if there is no compiler

@@ -17,8 +17,6 @@ native plan calls it as a raw function.
 from __future__ import annotations
 
 import ctypes
-import os
-import warnings
 from functools import lru_cache
 
 import torch
@@ -75,19 +73,9 @@ extern "C" void ow_gemv(void** args) {
 def kernel():
     """The built kernel (once per machine, cached like every generated kernel), or None
     where no compiler builds it (one warning; the other forms remain)."""
-    try:
-        lib = build.load(_GEMV)
-    except build.BuildError as err:
-        warnings.warn(f"opweave: the few-row product kernel could not be built ({err}); "
-                      "linear layers at batch 1 run on oneDNN", RuntimeWarning, stacklevel=2)
-        return None
-    # its team is then the calling thread's OpenMP count (torch.set_num_threads), however
-    # that changes after the build
-    lib.ow_set_threads(os.cpu_count() or 1)
-    fn = lib.ow_gemv
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-    fn.restype = None
-    return fn
+    found = build.helper_functions(_GEMV, ["ow_gemv"], "the few-row product kernel",
+                                   "linear layers at batch 1 run on oneDNN")
+    return None if found is None else found["ow_gemv"]
 
 
 class Gemv:

@@ -11,7 +11,6 @@ quantization), `DynamicQuantizer` at each call's own range (dynamic quantization
 from __future__ import annotations
 
 import ctypes
-import warnings
 from functools import lru_cache
 
 import torch
@@ -153,20 +152,9 @@ def _quantizers():
     """The C++ quantizers {name: function} (built once per machine, cached like every
     kernel), or None where no compiler builds them (then torch ops quantize, about 5x
     slower)."""
-    try:
-        lib = build.load(_QUANTIZE)
-    except build.BuildError as err:
-        warnings.warn(f"opweave: the int8 quantizer could not be built ({err}); torch ops "
-                      "quantize activations instead (slower)", RuntimeWarning, stacklevel=2)
-        return None
-    lib.ow_set_threads(torch.get_num_threads())
-    found = {}
-    for name in ("ow_quantize_u8", "ow_quantize_u8_dynamic", "ow_max_pool_u8"):
-        fn = getattr(lib, name)
-        fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-        fn.restype = None
-        found[name] = fn
-    return found
+    return build.helper_functions(
+        _QUANTIZE, ("ow_quantize_u8", "ow_quantize_u8_dynamic", "ow_max_pool_u8"),
+        "the int8 quantizer", "torch ops quantize activations instead (slower)")
 
 
 def _call_kernel(fn, tensors: list[torch.Tensor]) -> None:
