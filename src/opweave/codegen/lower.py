@@ -21,6 +21,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
+from ..partition.classify import constant_of
 from . import attention, build, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
@@ -82,12 +83,14 @@ def gemm_step(node: Node) -> Step:
                 list(node.outputs), [node], "library", "matmul (measured GEMM)")
 
 
-def attention_step(node: Node) -> Step:
+def attention_step(graph: Graph, node: Node) -> Step:
     """An attention on torch's fused kernel or as two batched products and a softmax,
     whichever measured faster at its shapes (codegen/attention.py; at compile time,
-    recorded in the active tuning database)."""
-    name, fn = attention.measured(node, tune.active())
-    return Step(fn, list(node.inputs), list(node.outputs), [node], "op", f"attention ({name})")
+    recorded in the active tuning database); a mask of constant zeros is not read."""
+    mask = constant_of(graph, node.inputs[3]) if len(node.inputs) == 4 else None
+    name, fn, reads = attention.measured(node, tune.active(), mask)
+    return Step(fn, list(node.inputs[:reads]), list(node.outputs), [node], "op",
+                f"attention ({name})")
 
 
 def reference_fn(graph: Graph, nodes: list[Node], inputs: list[Value],
@@ -160,7 +163,7 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
             elif measure and gemm.applies(single) and not prec.applies(precision, single.op):
                 lowered.steps.append(gemm_step(single))
             elif measure and attention.applies(single) and not prec.applies(precision, single.op):
-                lowered.steps.append(attention_step(single))
+                lowered.steps.append(attention_step(graph, single))
             else:
                 lowered.steps.append(op_step(single, precision))
             continue
