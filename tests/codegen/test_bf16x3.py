@@ -261,3 +261,32 @@ def test_explain_counts_the_split_steps(monkeypatch):
 def test_training_is_refused():
     with pytest.raises(ValueError, match="applies to inference"):
         opweave.compile(_Net(), (torch.randn(2, 3, 8, 8),), train=True, precision="bf16x3")
+
+
+def test_the_dynamo_backend_and_onnx_take_it(monkeypatch):
+    _needs_bf16_products()
+    from opweave.frontends import torch_dynamo
+
+    from ..onnx.helpers import mlp, mlp_reference
+
+    monkeypatch.setenv("OPWEAVE_MEASURE", "0")   # the split form wherever it is offered
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 128), nn.Tanh(), nn.Linear(128, 16)).eval(), \
+        torch.randn(8, 64)
+    torch._dynamo.reset()
+    mark = torch_dynamo.compiled_graphs.mark()
+    with torch.no_grad():
+        got = torch.compile(model, backend="opweave", options={"precision": "bf16x3"})(x)
+        torch.testing.assert_close(got, model(x), atol=1e-5, rtol=1e-5)
+    steps = [s.name for p in torch_dynamo.compiled_graphs.since(mark)
+             for g in p.compiled_graphs for s in g.executor.lowered_steps]
+    assert sum(n.endswith("[bf16x3]") for n in steps) == 2, steps
+    rows = torch.randn(16, 4).numpy()
+    compiled = opweave.from_onnx(mlp(batch=16).SerializeToString(), precision="bf16x3")
+    out = compiled(rows)
+    out = out[0] if isinstance(out, (list, tuple)) else out
+    torch.testing.assert_close(torch.as_tensor(out), torch.as_tensor(mlp_reference(rows)),
+                               atol=1e-5, rtol=1e-5)
+    graph, _ = compiled.compiled_for(rows)
+    onnx_steps = [s.name for s in graph.executor.lowered_steps]
+    assert any(n.endswith("[bf16x3]") for n in onnx_steps), onnx_steps
