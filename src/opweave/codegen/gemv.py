@@ -22,12 +22,11 @@ from functools import lru_cache
 import torch
 
 from . import build
+from .onednn_direct import UNARY  # the activation codes `ow_gemv` takes too
 
 # rows up to which the form is offered: each output reads its weight row once per input
 # row (from L1 after the first), where a blocked GEMM reuses registers
 MAX_ROWS = 16
-# activation codes of `ow_gemv`, as onednn_direct.UNARY names them
-UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5}
 
 _GEMV = r"""
 static inline float ow_gemv_activation(float v, int64_t unary) {

@@ -87,7 +87,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     out_shape = (ep.last or anchor).outputs[0].type.shape
     low = prec.applies(precision, anchor.op)
     direct = not low and _direct_fits(anchor, ep) and _direct_offered()
-    split = direct and _bf16x3_offered(precision, anchor.op)
+    split = _bf16x3_offered(precision, anchor, ep)
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
         if direct:
@@ -158,16 +158,21 @@ def _conv_as_linear(graph, anchor, ep, out_shape, low=False):
     return gemm
 
 
+def _bias_input(anchor: Node, ep: Epilogue) -> Value | None:
+    """The bias a linear group adds to its product, if any."""
+    if ep.bias is None:
+        return None
+    return next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
+
+
 def _linear(graph, anchor, ep, out_shape, low=False):
     m = anchor.inputs[0].type.shape[0]
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     packed = _packed("linear-pack-t", graph, anchor.inputs[1], low, (_rows_hint(m),),
                      lambda weight: torch.ops.mkldnn._reorder_linear_weight(
                          weight.t().contiguous(), _rows_hint(m)))
-    bias = None
-    if ep.bias is not None:
-        b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
-        bias = _weight(graph, b, low).reshape(n).contiguous()
+    b = _bias_input(anchor, ep)
+    bias = None if b is None else _weight(graph, b, low).reshape(n).contiguous()
     if ep.binary is not None:
         # the overload named: torch resolves `_linear_pointwise(x, other, ...)` by first
         # trying the unary schema, whose failure formats every tensor argument into an
@@ -284,9 +289,8 @@ def _gemv(graph, anchor, ep, out_shape):
     """The product on the few-row kernel, with `_linear`'s bias, residual add and
     activation applied as each output is stored."""
     m, n = anchor.inputs[0].type.shape[0], anchor.inputs[1].type.shape[1]
-    bias = None
-    if ep.bias is not None:
-        bias = constant_of(graph, next(v for v in ep.bias.inputs if v is not anchor.outputs[0]))
+    b = _bias_input(anchor, ep)
+    bias = None if b is None else constant_of(graph, b)
     product = gemv.Gemv(m, constant_of(graph, anchor.inputs[1]), bias, _direct_unary(ep),
                         residual=ep.binary is not None)
 
@@ -295,10 +299,12 @@ def _gemv(graph, anchor, ep, out_shape):
     return run
 
 
-def _bf16x3_offered(precision: str, op: str) -> bool:
-    """Whether the group has the form "onednn-bf16x3": bf16x3 was asked for and oneDNN
-    has bf16 products on this CPU (else one warning says the products stay float32)."""
-    if not prec.splits(precision, op):
+def _bf16x3_offered(precision: str, anchor: Node, ep: Epilogue) -> bool:
+    """Whether the group has the form "onednn-bf16x3": bf16x3 was asked for, the direct
+    form is offered to the group, and oneDNN has bf16 products on this CPU (else one
+    warning says the products stay float32)."""
+    if not (prec.splits(precision, anchor.op) and _direct_fits(anchor, ep)
+            and _direct_offered()):
         return False
     problem = onednn_direct.bf16x3_problem()
     if problem is not None:
@@ -313,10 +319,8 @@ def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1):
     operand where `parts` is 3 (bf16x3)."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
-    bias = None
-    if ep.bias is not None:
-        bias = constant_of(graph, next(v for v in ep.bias.inputs
-                                       if v is not anchor.outputs[0])).reshape(n)
+    b = _bias_input(anchor, ep)
+    bias = None if b is None else constant_of(graph, b).reshape(n)
     binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
     product = onednn_direct.DirectLinear((m, k, n), constant_of(graph, anchor.inputs[1]), bias,
                                          _direct_unary(ep), binary, parts)
@@ -593,9 +597,8 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
-    split = prec.splits(precision, anchor.op) and _direct_fits(anchor, ep) \
-        and _direct_offered() and onednn_direct.bf16x3_problem() is None
-    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) or split
+    lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
+        or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key
 
 
