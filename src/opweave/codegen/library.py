@@ -9,7 +9,8 @@ stay channels-last from one convolution to the next (a residual operand is broug
 that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
-faster. A linear layer of at most 16 rows also has the form "cpp-gemv", a kernel of opweave's
+faster; a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
+its products on the same library (codegen/onednn_winograd.cpp). A linear layer of at most 16 rows also has the form "cpp-gemv", a kernel of opweave's
 own for products bound by streaming their weight (codegen/gemv.py). Under precision
 "bf16x3" it also has the form "onednn-bf16x3": the direct form
 computed from three bf16 parts of each operand, float32's accuracy (codegen/precision.py).
@@ -102,6 +103,9 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
         if direct:
             found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
+        if direct and _winograd_fits(graph, anchor, ep):
+            found["onednn-winograd"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
+                                                    winograd=True)
         if split:
             found["onednn-bf16x3"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
                                                   parts=3)
@@ -331,19 +335,31 @@ def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1):
     return _unless_reference_only(run, lambda: _linear(graph, anchor, ep, out_shape))
 
 
-def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1):
-    """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
-    over a height of 1 as in `_conv`; its primitive is made at its first call. `parts`: as
-    for `_direct_linear`."""
+def _direct_geometry(graph, anchor):
+    """(one_d, weight, geometry) of a convolution as `onednn_direct.DirectConv` takes it,
+    1-D ones as 2-D over a height of 1 as in `_conv`."""
     one_d, size, padding, stride, dilation = _as_2d(anchor)
     weight = constant_of(graph, anchor.inputs[1])
     weight = weight.unsqueeze(2) if one_d else weight
+    geometry = (*size, weight.shape[0], *weight.shape[2:], anchor.attrs["groups"],
+                *stride, *padding, *dilation)
+    return one_d, weight, geometry
+
+
+def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
+                 winograd: bool = False):
+    """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
+    over a height of 1 as in `_conv`; its primitive is made at its first call. `parts`: as
+    for `_direct_linear`; `winograd`: as Winograd's F(2x2, 3x3) (`_winograd_fits`)."""
+    one_d, weight, geometry = _direct_geometry(graph, anchor)
     bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
     binary = onednn_direct.NO_BINARY if ep.binary is None else \
         onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
-    geometry = (*size, weight.shape[0], *weight.shape[2:], anchor.attrs["groups"],
-                *stride, *padding, *dilation)
-    conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary, parts)
+    if winograd:
+        conv = onednn_direct.WinogradConv(geometry, weight, bias, _direct_unary(ep), binary)
+    else:
+        conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary,
+                                        parts)
 
     def to_2d(t):
         return t.unsqueeze(2) if one_d else t
@@ -354,6 +370,13 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1):
     def run(x, other=None):
         return [finish(conv(to_2d(x), None if other is None else to_2d(other)))]
     return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace))
+
+
+def _winograd_fits(graph, anchor: Node, ep: Epilogue) -> bool:
+    """Whether the convolution has the form "onednn-winograd": 3x3, stride 1, dilation 1,
+    one group, relu or no activation (onednn_direct.winograd_fits)."""
+    return anchor.op == "conv" and len(anchor.inputs[0].type.shape) == 4 and \
+        onednn_direct.winograd_fits(_direct_geometry(graph, anchor)[2], _direct_unary(ep))
 
 
 def _unless_reference_only(run: Callable, torch_form: Callable[[], Callable]) -> Callable:

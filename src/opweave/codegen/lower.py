@@ -256,8 +256,8 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "cpp-gemv", "onednn-direct",
-                                   "onednn") if c in candidates), "reference")
+        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "cpp-gemv",
+                                   "onednn-winograd", "onednn-direct", "onednn") if c in candidates), "reference")
     kind = "reference" if chosen == "reference" else "library"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
@@ -267,8 +267,11 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if chosen.startswith("onednn-int8") or chosen == "onednn-bf16x3":
         name += f" [{precision}]"
         computes_in = precision
+    if chosen == "onednn-winograd":
+        name += " [winograd]"  # profiles and reports say which convolutions transform
     overwrites = None
-    if inplace and chosen in ("onednn", "onednn-direct", "onednn-int8", "onednn-bf16x3"):
+    if inplace and chosen in ("onednn", "onednn-direct", "onednn-winograd", "onednn-int8",
+                              "onednn-bf16x3"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]

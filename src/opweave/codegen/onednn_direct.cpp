@@ -63,6 +63,7 @@ struct Variant {
 };
 
 struct Primitive {
+  virtual ~Primitive() = default;  // a Winograd convolution (onednn_winograd.cpp) is one too
   // makes a Variant for the calling thread's thread count from weights laid out as
   // `packed` (copied: `packed` may be the caller's memory)
   std::function<Variant(const memory& packed)> build;
@@ -202,10 +203,10 @@ dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst) 
 
 // The primitive `describe()` describes, for this thread's thread count, with the caller's
 // weights (laid out as `given`) reordered into the layout it asked for, and its bias.
-template <typename Kind, typename Describe>
-Primitive* finish(Describe describe, const memory::desc& given, const void* weight,
-                  const float* bias, int64_t outputs, int binary) {
-  auto made = std::make_unique<Primitive>();
+template <typename Kind, typename Made = Primitive, typename Describe>
+Made* finish(Describe describe, const memory::desc& given, const void* weight,
+             const float* bias, int64_t outputs, int binary) {
+  auto made = std::make_unique<Made>();
   made->build = [describe](const memory& packed) {
     auto pd = describe();
     Variant variant{Kind(pd), memory(pd.weights_desc(), cpu()), pd.scratchpad_desc()};
@@ -228,6 +229,32 @@ Primitive* finish(Describe describe, const memory::desc& given, const void* weig
     std::memcpy(made->bias.get_data_handle(), bias, outputs * sizeof(float));
   }
   return made.release();
+}
+
+// Runs `call`'s primitive for this thread count from `source` into `destination`, with
+// `residual` as the binary add's operand (null without one).
+void execute(Primitive& call, void* source, void* destination, void* residual) {
+  const Variant& variant = call.for_threads(omp_get_max_threads());
+  dnnl::stream stream(cpu());
+  auto& pad = scratchpad(variant.scratch.get_size());
+  std::unordered_map<int, memory> io = {
+      {DNNL_ARG_SRC, memory(call.src, cpu(), source)},
+      {DNNL_ARG_WEIGHTS, variant.weights},
+      {DNNL_ARG_DST, memory(call.dst, cpu(), destination)},
+      {DNNL_ARG_SCRATCHPAD, memory(variant.scratch, cpu(), pad.data())}};
+  if (call.bias) io[DNNL_ARG_BIAS] = call.bias;
+  if (residual) io[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
+      memory(call.residual, cpu(), residual);
+  variant.primitive.execute(stream, io);
+  stream.wait();
+}
+
+// A primitive made and checked at compile time does not fail on valid pointers; if it
+// does, stopping is better than returning a tensor that was never written.
+[[noreturn]] void failed(const Primitive& call, const std::exception& err) {
+  std::fprintf(stderr, "opweave: a direct oneDNN call (%s) failed: %s\n", call.impl.c_str(),
+               err.what());
+  std::abort();
 }
 
 }  // namespace
@@ -335,9 +362,6 @@ int ow_onednn_variants(void* handle) {
 void ow_onednn_run(void** args) {
   auto* call = reinterpret_cast<Primitive*>(*static_cast<int64_t*>(args[2]));
   try {
-    const Variant& variant = call->for_threads(omp_get_max_threads());
-    dnnl::stream stream(cpu());
-    auto& pad = scratchpad(variant.scratch.get_size());
     void* source = args[1];
     if (call->rows) {
       auto& parts = split_buffer(call->src.get_size() / sizeof(uint16_t));
@@ -345,24 +369,9 @@ void ow_onednn_run(void** args) {
             call->width);
       source = parts.data();
     }
-    std::unordered_map<int, memory> io = {
-        {DNNL_ARG_SRC, memory(call->src, cpu(), source)},
-        {DNNL_ARG_WEIGHTS, variant.weights},
-        {DNNL_ARG_DST, memory(call->dst, cpu(), args[0])},
-        {DNNL_ARG_SCRATCHPAD, memory(variant.scratch, cpu(), pad.data())}};
-    if (call->bias) io[DNNL_ARG_BIAS] = call->bias;
-    if (call->binary == kAdd) {
-      io[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
-          memory(call->residual, cpu(), args[3]);
-    }
-    variant.primitive.execute(stream, io);
-    stream.wait();
+    execute(*call, source, args[0], call->binary == kAdd ? args[3] : nullptr);
   } catch (const std::exception& err) {
-    // a primitive made and checked at compile time does not fail on valid pointers; if it
-    // does, stopping is better than returning a tensor that was never written
-    std::fprintf(stderr, "opweave: a direct oneDNN call (%s) failed: %s\n", call->impl.c_str(),
-                 err.what());
-    std::abort();
+    failed(*call, err);
   }
 }
 

@@ -33,6 +33,8 @@ from ..files import cache_root
 from . import build
 
 SOURCE = Path(__file__).with_name("onednn_direct.cpp")
+# Winograd convolutions, compiled in the same module (the same oneDNN, the same helpers)
+WINOGRAD_SOURCE = Path(__file__).with_name("onednn_winograd.cpp")
 FORMAT = 1
 # epilogue codes of `ow_onednn_conv_create`
 UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5}
@@ -72,7 +74,7 @@ def _locate() -> tuple[Path, str, list[str], list[str], str]:
             raise build.BuildError(f"oneDNN's library is not installed ({needed} is missing; "
                                    f"it comes with the onednn-cpu-gomp and "
                                    f"onednn-devel-cpu-gomp packages)")
-    source = SOURCE.read_text()
+    source = SOURCE.read_text() + "\n" + WINOGRAD_SOURCE.read_text()
     # -fopenmp: omp_get_max_threads, from the libgomp torch and oneDNN share; -O3 and
     # -march=native vectorize bf16x3's split (so the key names the CPU's features)
     flags = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
@@ -96,7 +98,8 @@ def _load() -> ctypes.CDLL:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the oneDNN module it should be")
     lib.ow_onednn_variants.argtypes = [ctypes.c_void_p]
-    for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
+    for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create,
+                   lib.ow_winograd_create):
         create.restype = ctypes.c_void_p
         create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
                            ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
@@ -105,6 +108,7 @@ def _load() -> ctypes.CDLL:
     lib.ow_onednn_impl.argtypes = [ctypes.c_void_p]
     lib.ow_onednn_destroy.argtypes = [ctypes.c_void_p]
     lib.ow_onednn_run.argtypes = [ctypes.c_void_p]
+    lib.ow_winograd_run.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -173,7 +177,8 @@ class _Direct:
     generated kernel (`CppKernel.recording`): output, input, the primitive's address as a
     constant int64 tensor, then the residual operand if any."""
 
-    kind = ""  # "conv" | "linear": which `ow_onednn_<kind>_create` makes it
+    kind = ""  # "conv" | "linear" | "Winograd conv", for messages
+    creator, runner = "", "ow_onednn_run"  # the module's functions that make and run it
     reduction_axis = 0  # the weight's axis its source's values are summed against
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -198,14 +203,12 @@ class _Direct:
         if lib is None:
             raise RuntimeError(f"oneDNN's library is unavailable: {unavailable()}")
         error = ctypes.create_string_buffer(512)
-        create = getattr(lib, f"ow_onednn_{self.kind}_create")
-        weight = self.weight.to(torch.float32).contiguous()
-        if self.parts == 3:
-            weight = bf16x3_weight(weight, self.reduction_axis)
+        create = getattr(lib, self.creator)
+        weight, geometry = self._library_weight(), self._library_geometry()
         bias = None if self.bias is None else self.bias.to(torch.float32).contiguous()
-        handle = create((ctypes.c_int64 * len(self.geometry))(*self.geometry),
+        handle = create((ctypes.c_int64 * len(geometry))(*geometry),
                         weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                        self.unary, self.binary, self.parts, error, len(error))
+                        self.unary, self.binary, self._mode(), error, len(error))
         if not handle:
             raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
@@ -216,10 +219,23 @@ class _Direct:
                                 f"{self.geometry} here ({implementation})")
         self._context = torch.tensor([handle], dtype=torch.int64, device="cpu")
         self._lib = lib
-        self._run = ctypes.cast(lib.ow_onednn_run, ctypes.c_void_p).value
+        self._runner = getattr(lib, self.runner)
+        self._run = ctypes.cast(self._runner, ctypes.c_void_p).value
         weakref.finalize(self, lib.ow_onednn_destroy, handle)
         self.weight = self.bias = None
         self._handle = handle  # last: a caller that sees it sees the rest
+
+    def _library_weight(self) -> torch.Tensor:
+        """The weight as the module's create function reads it."""
+        weight = self.weight.to(torch.float32).contiguous()
+        return bf16x3_weight(weight, self.reduction_axis) if self.parts == 3 else weight
+
+    def _library_geometry(self) -> tuple[int, ...]:
+        return self.geometry
+
+    def _mode(self) -> int:
+        """The create function's last integer: the parts (1 or 3)."""
+        return self.parts
 
     def variants(self) -> int:
         """How many primitives were made for thread counts other than the first call's."""
@@ -230,7 +246,7 @@ class _Direct:
             self._create()
         tensors = [out, x, self._context, *extra]
         argv = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        self._lib.ow_onednn_run(argv)
+        self._runner(argv)
         from .lower import CppKernel  # a native plan's recorder listens there
         if CppKernel.recording is not None:
             CppKernel.recording(self._run, tensors)
@@ -249,7 +265,7 @@ class DirectConv(_Direct):
     `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
     ADD (a residual operand, NHWC like the output)."""
 
-    kind = "conv"
+    kind, creator = "conv", "ow_onednn_conv_create"
     reduction_axis = 1  # [O, C/groups, KH, KW]: each group's block of input channels
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -278,13 +294,46 @@ class DirectConv(_Direct):
         return self._call(out, x)
 
 
+def winograd_fits(geometry, unary) -> bool:
+    """Whether a convolution of `geometry` (as `DirectConv`'s) with activation `unary` has a
+    Winograd form: 3x3, stride 1, dilation 1, one group, padding at most 2 (which keeps
+    every output tile over some input), and no activation or relu."""
+    n, c, h, w, o, kh, kw, groups, sh, sw, ph, pw, dh, dw = geometry
+    return ((kh, kw, groups, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1, 1) and 0 <= ph <= 2
+            and 0 <= pw <= 2 and h + 2 * ph > 2 and w + 2 * pw > 2 and unary in (None, "relu"))
+
+
+class WinogradConv(DirectConv):
+    """A 3x3 convolution of stride 1 as Winograd's F(2x2, 3x3) (onednn_winograd.cpp): NHWC
+    float32 in and out, the epilogues of `DirectConv` but only relu for an activation. Its
+    error is float32's (onednn_winograd.cpp has the measurements; F(4x4, 3x3) was faster
+    but not as accurate)."""
+
+    kind, creator, runner = "Winograd conv", "ow_winograd_create", "ow_winograd_run"
+    tile = 2  # the output tile: the create function's last integer
+
+    def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
+                 unary=None, binary: int = NO_BINARY):
+        if not winograd_fits(tuple(int(g) for g in geometry), unary):
+            raise ValueError(f"no Winograd form for the convolution {tuple(geometry)} with "
+                             f"activation {unary}")
+        super().__init__(geometry, weight, bias, unary, binary)
+
+    def _library_geometry(self) -> tuple[int, ...]:
+        n, c, h, w, o, *_, ph, pw, _, _ = self.geometry
+        return n, c, h, w, o, ph, pw
+
+    def _mode(self) -> int:
+        return self.tile
+
+
 class DirectLinear(_Direct):
     """A product [M, K] x [K, N] with a constant weight, row-major float32 in and out.
 
     `geometry`: (M, K, N); `weight`: [K, N]; `binary`: NO_BINARY or ADD (a residual
     operand [M, N])."""
 
-    kind = "linear"
+    kind, creator = "linear", "ow_onednn_linear_create"
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary=None, binary: int = NO_BINARY, parts: int = 1):

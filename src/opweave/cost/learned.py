@@ -22,11 +22,12 @@ from typing import Iterable, Sequence
 
 KINDS = ("library-form", "gemm-form")  # the decisions this model ranks
 # every candidate those measure
-FORMS = ("reference", "onednn", "onednn-gemm", "torch", "onednn-direct", "cpp-gemv")
+FORMS = ("reference", "onednn", "onednn-gemm", "torch", "onednn-direct", "cpp-gemv",
+         "onednn-winograd")
 # the feature holding a form's index in FORMS, named for this list: a model trained on
 # another list reads indices that mean other forms, so it is refused (`Ranker.from_text`)
 # and every form is measured until `opweave tune ranker` trains one again
-FORM = "form_of_6"
+FORM = "form_of_7"
 
 _OPS = ("matmul", "conv")
 _BINARY = frozenset({"add", "sub", "mul", "div", "maximum", "minimum"})

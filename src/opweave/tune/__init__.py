@@ -66,10 +66,11 @@ def workload(kind: str, key) -> tuple[str, str]:
 # through torch's overload resolution, which cost 5 ms a call, so nearly every such
 # record chose the reference form. 3: convolutions and linear layers gained the form
 # "onednn-direct" (oneDNN's own library, codegen/onednn_direct.py). 4: linear layers of
-# up to 16 rows gained "cpp-gemv" (codegen/gemv.py).
+# up to 16 rows gained "cpp-gemv" (codegen/gemv.py). 5: 3x3 convolutions of stride 1
+# gained "onednn-winograd" (codegen/onednn_winograd.cpp).
 # attention-form 2: the unfused form returns 0 for rows its mask hides entirely and
 # counts the copy into the fused kernel's layout.
-REVISIONS = {"library-form": 4, "library-form-by-size-class": 4, "attention-form": 2}
+REVISIONS = {"library-form": 5, "library-form-by-size-class": 5, "attention-form": 2}
 
 
 def is_current(record: Record) -> bool:
