@@ -219,6 +219,19 @@ def test_background_mode_builds_in_another_process_and_never_waits(monkeypatch, 
     assert native.unavailable() == "g++ failed on generated code"
 
 
+def test_the_builder_runs_at_the_lowest_priority_in_its_own_scheduling_group():
+    """It runs in a session of its own, which the kernel may schedule as a group of its own
+    (autogroup): nice alone would leave it half the CPU beside the compile it serves."""
+    import subprocess
+    import sys
+    script = ("import os; from pathlib import Path; from opweave.runtime import native; "
+              "native._lowest_priority(); group = Path('/proc/self/autogroup'); "
+              "print(os.nice(0), group.read_text().split()[-1] if group.exists() else 19)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, start_new_session=True).stdout.split()
+    assert out == ["19", "19"]
+
+
 def test_the_off_mode_never_records():
     ex = compile_graph(_fused_graph(), Options(native="off", measure=False,
                                                deterministic=True, tuning_db=None)).executor
