@@ -149,14 +149,20 @@ def test_the_lowering_runs_resnets_groups_on_it_and_the_native_plan_replays_them
     want = Executor(g)(x)
     torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], want[0],
                                atol=1e-4, rtol=1e-4)
-    compiled = compile_graph(_block(), Options(deterministic=True, measure=False,
-                                               native="wait", tuning_db=None))
+    assert_replayed_natively(_block(), (1, 16, 9, 9))
+
+
+def assert_replayed_natively(g: Graph, shape) -> None:
+    """`g` compiled unmeasured: its native plan calls both convolutions as raw functions
+    and agrees with the graph's ops."""
+    compiled = compile_graph(g, Options(deterministic=True, measure=False, native="wait",
+                                        tuning_db=None))
     executor = compiled.executor
     for _ in range(3):
-        executor(torch.randn(1, 16, 9, 9))
+        executor(torch.randn(shape))
     assert executor.native.plan is not None, executor.native.describe()
     assert executor.native.counts[1] >= 2      # both convolutions are raw calls in the plan
-    x = torch.randn(1, 16, 9, 9)
+    x = torch.randn(shape)
     torch.testing.assert_close(executor(x)[0], Executor(compiled.graph)(x)[0],
                                atol=1e-4, rtol=1e-4)
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opweave import Options
 from opweave.codegen import library, lower, onednn_direct
 from opweave.ir import Graph, TensorType
 from opweave.partition.legality import Epilogue
-from opweave.pipeline import compile_graph
 from opweave.runtime import Executor
+
+from .test_onednn_direct import assert_replayed_natively
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="oneDNN's pip package is for x86-64 Linux")
@@ -152,13 +152,4 @@ def test_the_lowering_runs_resnets_groups_on_it_and_the_native_plan_replays_them
     x = torch.randn(1, 16, 10, 10)
     torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], Executor(g)(x)[0],
                                atol=1e-4, rtol=1e-4)
-    compiled = compile_graph(_block(), Options(deterministic=True, measure=False,
-                                               native="wait", tuning_db=None))
-    executor = compiled.executor
-    for _ in range(3):
-        executor(torch.randn(1, 16, 10, 10))
-    assert executor.native.plan is not None, executor.native.describe()
-    assert executor.native.counts[1] >= 2      # both convolutions are raw calls in the plan
-    x = torch.randn(1, 16, 10, 10)
-    torch.testing.assert_close(executor(x)[0], Executor(compiled.graph)(x)[0],
-                               atol=1e-4, rtol=1e-4)
+    assert_replayed_natively(_block(), (1, 16, 10, 10))
