@@ -136,6 +136,24 @@ def _block(stride: int = 1) -> Graph:
     return g
 
 
+offered_here = pytest.mark.skipif(onednn_direct.library() is None
+                                  or onednn_direct.winograd_problem() is not None,
+                                  reason="the form is not offered on this CPU")
+
+
+def test_it_is_not_offered_where_onednn_has_no_brgemm_products():
+    """Held to AVX2, oneDNN 3.2 runs batched products on an older GEMM, where the form was
+    slower than the direct convolution (onednn_direct.winograd_problem)."""
+    import os
+    import subprocess
+    script = ("from opweave.codegen import onednn_direct as od; "
+              "print(od.winograd_problem())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, env={**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert "not its brgemm kernels" in out.stdout or "unavailable" in out.stdout
+
+
+@offered_here
 def test_the_library_offers_it_to_3x3_convolutions_of_stride_1_only():
     g = _block(stride=2)
     first, second = [n for n in g.nodes if n.op == "conv"]
@@ -144,6 +162,7 @@ def test_the_library_offers_it_to_3x3_convolutions_of_stride_1_only():
     assert "onednn-winograd" not in library.forms(g, second, Epilogue())
 
 
+@offered_here
 def test_the_lowering_runs_resnets_groups_on_it_and_the_native_plan_replays_them():
     g = _block()
     lowered = lower(g, "ilp", measure=False)

@@ -374,9 +374,11 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
 
 def _winograd_fits(graph, anchor: Node, ep: Epilogue) -> bool:
     """Whether the convolution has the form "onednn-winograd": 3x3, stride 1, dilation 1,
-    one group, relu or no activation (onednn_direct.winograd_fits)."""
+    one group, relu or no activation (onednn_direct.winograd_fits), on a CPU where oneDNN
+    runs its products on brgemm kernels (`onednn_direct.winograd_problem`)."""
     return anchor.op == "conv" and len(anchor.inputs[0].type.shape) == 4 and \
-        onednn_direct.winograd_fits(_direct_geometry(graph, anchor)[2], _direct_unary(ep))
+        onednn_direct.winograd_fits(_direct_geometry(graph, anchor)[2], _direct_unary(ep)) \
+        and onednn_direct.winograd_problem() is None
 
 
 def _unless_reference_only(run: Callable, torch_form: Callable[[], Callable]) -> Callable:

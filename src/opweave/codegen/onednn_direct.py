@@ -237,6 +237,12 @@ class _Direct:
         """The create function's last integer: the parts (1 or 3)."""
         return self.parts
 
+    def implementation(self) -> str:
+        """oneDNN's name for the kernel it runs (made at the first call)."""
+        if self._handle is None:
+            self._create()
+        return self._lib.ow_onednn_impl(self._handle).decode()
+
     def variants(self) -> int:
         """How many primitives were made for thread counts other than the first call's."""
         return self._lib.ow_onednn_variants(self._handle) if self._handle else 0
@@ -325,6 +331,25 @@ class WinogradConv(DirectConv):
 
     def _mode(self) -> int:
         return self.tile
+
+
+@functools.lru_cache(maxsize=1)
+def winograd_problem() -> str | None:
+    """Why Winograd's form is not offered here (None: it is). Its products are one batched
+    matmul, which oneDNN 3.2 runs on its brgemm kernels only with AVX-512; with AVX2 alone
+    (measured by holding it to AVX2, `ONEDNN_MAX_CPU_ISA=AVX2`, on the Zen 4) it takes an
+    older GEMM, and the form ran 1.8x slower than the direct convolution at ResNet-50's
+    56x56 and no faster at 14x14. Probed once, on a small convolution."""
+    if library() is None:
+        return f"oneDNN's library is unavailable: {unavailable()}"
+    probe = WinogradConv((1, 16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1),
+                         torch.zeros(16, 16, 3, 3), None)
+    try:
+        kernel = probe.implementation()
+    except (RuntimeError, ReferenceOnly) as err:
+        return str(err)
+    return None if kernel.startswith("brg") else \
+        f"oneDNN runs its batched products on {kernel}, not its brgemm kernels"
 
 
 class DirectLinear(_Direct):
