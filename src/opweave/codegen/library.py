@@ -103,7 +103,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
         if direct:
             found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
-        if direct and _winograd_fits(graph, anchor, ep):
+        if direct and _winograd_fits(graph, anchor, ep) and _winograd_offered():
             found["onednn-winograd"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
                                                     winograd=True)
         if split:
@@ -372,13 +372,27 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
     return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace))
 
 
+# the fewest input and output channels a convolution has Winograd's form for: its
+# transforms work on 16 channels at once, and its products reduce over the input channels
+WINOGRAD_MIN_CHANNELS = 16
+
+
 def _winograd_fits(graph, anchor: Node, ep: Epilogue) -> bool:
-    """Whether the convolution has the form "onednn-winograd": 3x3, stride 1, dilation 1,
-    one group, relu or no activation (onednn_direct.winograd_fits), on a CPU where oneDNN
-    runs its products on brgemm kernels (`onednn_direct.winograd_problem`)."""
-    return anchor.op == "conv" and len(anchor.inputs[0].type.shape) == 4 and \
-        onednn_direct.winograd_fits(_direct_geometry(graph, anchor)[2], _direct_unary(ep)) \
-        and onednn_direct.winograd_problem() is None
+    """Whether the convolution can have the form "onednn-winograd": a 2-D one that
+    `onednn_direct.winograd_fits` (3x3, stride 1, dilation 1, one group, relu or no
+    activation, finite constants) of at least WINOGRAD_MIN_CHANNELS channels in and out."""
+    if anchor.op != "conv" or len(anchor.inputs[0].type.shape) != 4:
+        return False
+    _, weight, geometry = _direct_geometry(graph, anchor)
+    bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
+    return min(geometry[1], geometry[4]) >= WINOGRAD_MIN_CHANNELS and \
+        onednn_direct.winograd_fits(geometry, _direct_unary(ep), weight, bias)
+
+
+def _winograd_offered() -> bool:
+    """Whether the form "onednn-winograd" is offered here: where the direct form is, on a
+    CPU whose oneDNN runs its products on brgemm kernels (`onednn_direct.winograd_problem`)."""
+    return _direct_offered() and onednn_direct.winograd_problem() is None
 
 
 def _unless_reference_only(run: Callable, torch_form: Callable[[], Callable]) -> Callable:
@@ -618,6 +632,10 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if not prec.applies(precision, anchor.op) and _gemv_fits(anchor, ep) \
             and not _gemv_offered():
         key += (("without", "cpp-gemv"),)
+    if not prec.applies(precision, anchor.op) and _winograd_fits(graph, anchor, ep) \
+            and _direct_offered() and not _winograd_offered():
+        # (without the direct form it is withheld too, which the key says already)
+        key += (("without", "onednn-winograd"),)
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes

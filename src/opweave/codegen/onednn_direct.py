@@ -109,6 +109,8 @@ def _load() -> ctypes.CDLL:
     lib.ow_onednn_destroy.argtypes = [ctypes.c_void_p]
     lib.ow_onednn_run.argtypes = [ctypes.c_void_p]
     lib.ow_winograd_run.argtypes = [ctypes.c_void_p]
+    lib.ow_winograd_fallbacks.restype = ctypes.c_int64
+    lib.ow_winograd_fallbacks.argtypes = [ctypes.c_void_p]
     return lib
 
 
@@ -300,13 +302,15 @@ class DirectConv(_Direct):
         return self._call(out, x)
 
 
-def winograd_fits(geometry, unary) -> bool:
+def winograd_fits(geometry, unary, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether a convolution of `geometry` (as `DirectConv`'s) with activation `unary` has a
-    Winograd form: 3x3, stride 1, dilation 1, one group, padding at most 2 (which keeps
-    every output tile over some input), and no activation or relu."""
+    Winograd form: 3x3, stride 1, dilation 1, one group, no activation or relu, and finite
+    weights and bias (the weight transform would spread a non-finite one as NaN)."""
     n, c, h, w, o, kh, kw, groups, sh, sw, ph, pw, dh, dw = geometry
-    return ((kh, kw, groups, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1, 1) and 0 <= ph <= 2
-            and 0 <= pw <= 2 and h + 2 * ph > 2 and w + 2 * pw > 2 and unary in (None, "relu"))
+    return ((kh, kw, groups, sh, sw, dh, dw) == (3, 3, 1, 1, 1, 1, 1) and ph >= 0 and pw >= 0
+            and h + 2 * ph > 2 and w + 2 * pw > 2 and unary in (None, "relu")
+            and bool(torch.isfinite(weight).all())
+            and (bias is None or bool(torch.isfinite(bias).all())))
 
 
 class WinogradConv(DirectConv):
@@ -320,9 +324,9 @@ class WinogradConv(DirectConv):
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary=None, binary: int = NO_BINARY):
-        if not winograd_fits(tuple(int(g) for g in geometry), unary):
+        if not winograd_fits(tuple(int(g) for g in geometry), unary, weight, bias):
             raise ValueError(f"no Winograd form for the convolution {tuple(geometry)} with "
-                             f"activation {unary}")
+                             f"activation {unary} (or its weights are not finite)")
         super().__init__(geometry, weight, bias, unary, binary)
 
     def _library_geometry(self) -> tuple[int, ...]:
@@ -331,6 +335,10 @@ class WinogradConv(DirectConv):
 
     def _mode(self) -> int:
         return self.tile
+
+    def fallbacks(self) -> int:
+        """How many calls ran the direct convolution (their input was not finite)."""
+        return self._lib.ow_winograd_fallbacks(self._handle) if self._handle else 0
 
 
 @functools.lru_cache(maxsize=1)
@@ -342,8 +350,8 @@ def winograd_problem() -> str | None:
     56x56 and no faster at 14x14. Probed once, on a small convolution."""
     if library() is None:
         return f"oneDNN's library is unavailable: {unavailable()}"
-    probe = WinogradConv((1, 16, 4, 4, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1),
-                         torch.zeros(16, 16, 3, 3), None)
+    probe = WinogradConv((1, 64, 8, 8, 64, 3, 3, 1, 1, 1, 1, 1, 1, 1),
+                         torch.zeros(64, 64, 3, 3), None)
     try:
         kernel = probe.implementation()
     except (RuntimeError, ReferenceOnly) as err:

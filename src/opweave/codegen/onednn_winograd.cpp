@@ -22,8 +22,12 @@
 // Non-finite inputs: the transforms add and subtract inputs, so an infinite input can
 // come out NaN where the direct convolution gives an infinity. The input transform notes
 // any non-finite input, and such a call runs a direct convolution instead, made at the
-// first such call from the weights recovered from U (g = L U L^T for a left inverse L of
-// G: exact but for U's rounding, which is float32's).
+// first such call from the weights as given (kept: 9/16 of U's size). Non-finite weights
+// would spread NaN through U (G has zeros): the caller does not offer the form for them.
+// relu maps NaN to 0, as oneDNN's relu post-op does, so both forms agree on it.
+
+#include <algorithm>
+#include <atomic>
 
 namespace {
 
@@ -35,7 +39,6 @@ template <>
 struct Transforms<2> {
   static constexpr int kA = 4;
   static constexpr double kG[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, -.5, .5}, {0, 0, 1}};
-  static constexpr double kL[3][4] = {{1, 0, 0, 0}, {0, 1, -1, 0}, {0, 0, 0, 1}};  // L G = I
   static constexpr float kBT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
   static constexpr float kAT[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
 };
@@ -89,50 +92,23 @@ std::vector<float> transformed_weights(const float* g, int64_t c, int64_t o) {
   return u;
 }
 
-// The weight g [O, C, 3, 3] back from U [a * a, C, O]: g = L U L^T
-template <int M>
-std::vector<float> recovered_weights(const float* u, int64_t c, int64_t o) {
-  using T = Transforms<M>;
-  constexpr int A = T::kA;
-  std::vector<float> g(o * c * 9);
-  for (int64_t oc = 0; oc < o * c; ++oc) {
-    const int64_t out = oc / c, in = oc % c;
-    for (int k = 0; k < 3; ++k) {
-      for (int l = 0; l < 3; ++l) {
-        double value = 0;
-        for (int i = 0; i < A; ++i) {
-          for (int j = 0; j < A; ++j) {
-            value += T::kL[k][i] * T::kL[l][j] * u[((i * A + j) * c + in) * o + out];
-          }
-        }
-        g[oc * 9 + k * 3 + l] = static_cast<float>(value);
-      }
-    }
-  }
-  return g;
-}
-
 struct Winograd : Primitive {
   int64_t n = 0, c = 0, h = 0, w = 0, o = 0, pad_h = 0, pad_w = 0, out_h = 0, out_w = 0;
   int64_t tiles_h = 0, tiles_w = 0, tiles = 0;
   int m = 0, unary = 0, winograd_binary = kNone;
   std::vector<float> bias_values;  // [O], zeros without a bias
+  std::vector<float> weights;      // [O, C, 3, 3] as given, for the direct convolution
   std::mutex fallback_lock;
   std::unique_ptr<Primitive> fallback;  // the direct convolution, for non-finite inputs
+  std::atomic<int64_t> fallbacks{0};    // calls it ran (for the tests)
 
   Primitive& direct() {
     std::lock_guard<std::mutex> guard(fallback_lock);
+    ++fallbacks;
     if (fallback) return *fallback;
-    const int64_t positions = (m + 2) * (m + 2);
-    memory plain({{positions, c, o}, memory::data_type::f32, tag::abc}, cpu());
-    dnnl::stream stream(cpu());
-    memory packed = first.weights;
-    dnnl::reorder(packed, plain).execute(stream, packed, plain);
-    stream.wait();
-    auto g = recovered_weights<2>(static_cast<const float*>(plain.get_data_handle()), c, o);
     const int64_t geometry[14] = {n, c, h, w, o, 3, 3, 1, 1, 1, pad_h, pad_w, 1, 1};
     char error[512] = "";
-    void* made = ow_onednn_conv_create(geometry, g.data(), bias_values.data(), unary,
+    void* made = ow_onednn_conv_create(geometry, weights.data(), bias_values.data(), unary,
                                        winograd_binary, 1, error, sizeof error);
     if (!made) throw std::runtime_error(std::string("no direct convolution: ") + error);
     fallback.reset(static_cast<Primitive*>(made));
@@ -216,7 +192,7 @@ void output_transform(const Winograd& g, const float* products, float* y,
           for (int l = 0; l < lanes; ++l) {
             float sum = value[l] + bias[l];
             if (other) sum += other[l];
-            out[l] = relu ? std::max(sum, 0.f) : sum;
+            out[l] = relu ? (sum > 0.f ? sum : 0.f) : sum;  // NaN -> 0, as oneDNN's relu
           }
         }
       }
@@ -224,20 +200,36 @@ void output_transform(const Winograd& g, const float* products, float* y,
   }
 }
 
-std::vector<float>& transform_buffer(int which, size_t elements) {
-  thread_local std::vector<float> buffers[2];  // per thread, as the scratchpad
-  auto& buffer = buffers[which];
+// V and M, per thread (as the scratchpad), kept between calls up to kKeptBuffer bytes
+// each: a larger call's (a large batch) are released after it, not held for good
+constexpr size_t kKeptBuffer = size_t(64) << 20;
+thread_local std::vector<float> transform_buffers[2];
+
+float* transform_buffer(int which, size_t elements) {
+  auto& buffer = transform_buffers[which];
   if (buffer.size() < elements) buffer.resize(elements);
-  return buffer;
+  return buffer.data();
+}
+
+void release_oversized_buffers() {
+  for (auto& buffer : transform_buffers) {
+    if (buffer.capacity() * sizeof(float) > kKeptBuffer) std::vector<float>().swap(buffer);
+  }
 }
 
 }  // namespace
 
 extern "C" {
 
+// How many calls of a Winograd convolution ran its direct fallback (for the tests).
+int64_t ow_winograd_fallbacks(void* handle) {
+  return static_cast<Winograd*>(static_cast<Primitive*>(handle))->fallbacks.load();
+}
+
 // geometry: N, C, H, W (the input), O, padding h/w (both sides) of a 3x3 convolution of
-// stride 1, dilation 1, one group. weight: [O, C, 3, 3] contiguous; bias: [O] or null. unary: 0 none or 1 relu; binary as for
-// `ow_onednn_conv_create`; m: the output tile, 2.
+// stride 1, dilation 1, one group. weight: [O, C, 3, 3] contiguous and finite; bias: [O]
+// or null. unary: 0 none or 1 relu; binary as for `ow_onednn_conv_create`; m: the output
+// tile, 2.
 void* ow_winograd_create(const int64_t* geometry, const void* weight, const float* bias,
                          int unary, int binary, int m, char* error, int error_size) {
   try {
@@ -271,6 +263,8 @@ void* ow_winograd_create(const int64_t* geometry, const void* weight, const floa
     made->pad_h = pad_h, made->pad_w = pad_w, made->out_h = out_h, made->out_w = out_w;
     made->tiles_h = tiles_h, made->tiles_w = tiles_w, made->tiles = tiles;
     made->m = m, made->unary = unary, made->winograd_binary = binary;
+    made->weights.assign(static_cast<const float*>(weight),
+                         static_cast<const float*>(weight) + o * c * 9);
     made->bias_values.assign(o, 0.f);
     if (bias) std::memcpy(made->bias_values.data(), bias, o * sizeof(float));
     return static_cast<Primitive*>(made);
@@ -288,18 +282,19 @@ void ow_winograd_run(void** args) {
       *static_cast<int64_t*>(args[2])));
   try {
     const size_t positions = (call->m + 2) * (call->m + 2);
-    float* v = transform_buffer(0, positions * call->tiles * call->c).data();
-    float* products = transform_buffer(1, positions * call->tiles * call->o).data();
+    float* v = transform_buffer(0, positions * call->tiles * call->c);
+    float* products = transform_buffer(1, positions * call->tiles * call->o);
     const auto* x = static_cast<const float*>(args[1]);
     auto* y = static_cast<float*>(args[0]);
     const float* residual =
         call->winograd_binary == kAdd ? static_cast<const float*>(args[3]) : nullptr;
-    if (!input_transform<2>(*call, x, v)) {
+    if (input_transform<2>(*call, x, v)) {
+      execute(*call, v, products, nullptr);
+      output_transform<2>(*call, products, y, residual);
+    } else {
       execute(call->direct(), const_cast<float*>(x), y, const_cast<float*>(residual));
-      return;
     }
-    execute(*call, v, products, nullptr);
-    output_transform<2>(*call, products, y, residual);
+    release_oversized_buffers();
   } catch (const std::exception& err) {
     failed(*call, err);
   }

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import sysconfig
 import threading
+import time
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -125,19 +126,29 @@ def _failure_note(path: Path) -> Path:
     return path.with_suffix(".failed")
 
 
-def _lowest_priority() -> None:
-    """This process and its compiler at the lowest priority: the compile that started the
+def _lowest_priority() -> bool:
+    """This process and its compiler at the lowest priority, as far as the system lets it
+    (whether its scheduling group's priority went down too): the compile that started the
     builder goes on measuring forms on every core. Its session is its own, and so is its
     scheduling group where the kernel groups by session (autogroup), which shares the CPU
     between groups before nice counts: the group's own nice has to go down too. On the
     2-core Zen 4, a compiler in a group of equal weight made every oneDNN call 8 ms, not
     1 (an OpenMP barrier waiting out time slices), and the tuning database kept those
-    times."""
-    os.nice(19)
+    times. Best effort: a system that refuses either still gets its module built."""
     try:
-        Path("/proc/self/autogroup").write_text("19\n")
-    except OSError:
-        pass  # no autogroups here: nice alone orders the processes
+        os.nice(19 - os.nice(0))
+    except (OSError, AttributeError):
+        pass
+    group = Path("/proc/self/autogroup")
+    for _ in range(5):
+        try:
+            group.write_text("19\n")
+            return True
+        except BlockingIOError:  # one write per 100 ms per machine without CAP_SYS_ADMIN
+            time.sleep(0.1)
+        except OSError:
+            return False  # no autogroups here: nice alone orders the processes
+    return False
 
 
 def _spawn_builder() -> None:
