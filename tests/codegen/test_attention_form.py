@@ -80,6 +80,26 @@ def test_the_choice_is_measured_once_and_recorded(tmp_path, monkeypatch):
     assert not measured
 
 
+def test_a_recheck_measures_a_recorded_choice_again(tmp_path, monkeypatch):
+    """`opweave tune --recheck`: the record's samples and the new ones decide together."""
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    db = tune.open_db(str(tmp_path / "tuning.sqlite"))
+    _, node = _node(mask_dtype=torch.float32)
+    key = attention._key(node, attention.Mask(node, None))
+    # a record made under load: the unfused form once measured 1 us
+    tune.remember(attention.KIND, key, "unfused", {"fused": [1.0], "unfused": [1e-6]}, db)
+    with attention.library.rechecking():
+        assert attention.choose(node, db, rounds=3) == "unfused"   # its 1 us still counts
+    (record,) = [r for r in db.records() if r.kind == attention.KIND]
+    assert len(record.samples["unfused"]) == 4 and len(record.samples["fused"]) == 4
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    tune.remember(attention.KIND, key, "unfused", {"fused": [1e-6], "unfused": [1.0]}, db)
+    assert attention.choose(node, db) == "unfused"                 # recalled, not measured
+    with attention.library.rechecking():
+        monkeypatch.setattr(attention, "_CHOICES", {})
+        assert attention.choose(node, db, rounds=3) == "fused"     # measured again
+
+
 class _Block(nn.Module):
     """Self-attention with an additive mask, as BERT calls it."""
 

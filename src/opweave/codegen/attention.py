@@ -117,12 +117,15 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
            rounds: int = 7) -> str:
     """The faster form for this attention here: recorded in the tuning database for this
     machine, or measured now (interleaved runs after two warm-up rounds, the minimum) and
-    recorded. The unfused form must agree with the fused one first."""
+    recorded; within `library.rechecking`, measured again and decided on the record's
+    samples and the new ones together. The unfused form must agree with the fused one
+    first."""
     mask = mask or Mask(node, None)
     key = _key(node, mask)
     if key in _CHOICES:
         return _CHOICES[key]
-    recalled = tune.recall(KIND, key, FORMS, db)
+    recheck = library.is_rechecking()
+    recalled = None if recheck else tune.recall(KIND, key, FORMS, db)
     if recalled is not None:
         _CHOICES[key] = recalled[0]
         return recalled[0]
@@ -134,6 +137,9 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
         _CHOICES[key] = "fused"
         return "fused"
     samples = library.measure(forms, args, rounds)
+    if recheck:  # decided on the record's samples and today's together, as library forms
+        earlier = tune.recorded_samples(KIND, key, db)
+        samples = {name: earlier.get(name, []) + times for name, times in samples.items()}
     best = _CHOICES[key] = min(samples, key=lambda name: min(samples[name]))
     tune.remember(KIND, key, best, samples, db)
     return best

@@ -678,6 +678,12 @@ def rechecking(on: bool = True):
         _RECHECK.reset(token)
 
 
+def is_rechecking() -> bool:
+    """Whether recorded choices are being measured again (`rechecking`): attention's form
+    follows it too."""
+    return _RECHECK.get()
+
+
 def _rounded(match: re.Match) -> str:
     dims = [int(d) for d in match.group(1).split(",") if d]
     return "[" + ",".join(str(d if d <= 2 else 1 << (d - 1).bit_length()) for d in dims) + "]"
