@@ -10,8 +10,9 @@ that layout). ReLU and residual adds are post-ops. A float32 convolution or line
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
 faster; a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
-its products on the same library (codegen/onednn_winograd.cpp). A linear layer of at most 16 rows also has the form "cpp-gemv", a kernel of opweave's
-own for products bound by streaming their weight (codegen/gemv.py). Under precision
+its products on the same library (codegen/onednn_winograd.cpp). A linear layer of one row
+also has the form "cpp-gemv", a kernel of opweave's own for products bound by streaming
+their weight (codegen/gemv.py). Under precision
 "bf16x3" it also has the form "onednn-bf16x3": the direct form
 computed from three bf16 parts of each operand, float32's accuracy (codegen/precision.py).
 Each anchor group
@@ -275,11 +276,18 @@ def _direct_unary(ep: Epilogue):
     return ep.unary.op if ep.unary.op in onednn_direct.UNARY else "unknown"
 
 
+# the rows up to which a product is offered the few-row kernel. It streams its weight
+# once per row: on the Zen 4, against the direct form (768x768, 768x3072, 3072x768 and
+# ResNet-50's 2048x1000, warm, 2 threads) it ran 0.85-1.2x the time at 1 row but 1.4-2.5x
+# at 2 rows and 2.7-3.6x at 16; cold, at 1 row, 4.4x faster (XML-CNN's output layer)
+GEMV_ROWS = 1
+
+
 def _gemv_fits(anchor: Node, ep: Epilogue) -> bool:
-    """Whether the few-row product kernel can run the group (codegen/gemv.py): a float32
-    product of at most gemv.MAX_ROWS rows with the epilogues the direct form takes."""
+    """Whether the few-row product kernel is offered the group (codegen/gemv.py): a
+    float32 product of at most GEMV_ROWS rows with the epilogues the direct form takes."""
     return anchor.op == "matmul" and _direct_fits(anchor, ep) \
-        and anchor.inputs[0].type.shape[0] <= gemv.MAX_ROWS
+        and anchor.inputs[0].type.shape[0] <= GEMV_ROWS
 
 
 def _gemv_offered() -> bool:
