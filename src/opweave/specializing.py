@@ -6,7 +6,7 @@ call's sizes; lowering (fusion, kernels, library calls, memory plan) runs on con
 sizes, once for each distinct binding of the symbols a call brings (`ir.specialize`),
 and each plan is kept for the next call with the same sizes, least recently used dropped
 beyond MAX_SPECIALIZATIONS. Library forms are measured once per size class, not per
-size (`codegen.library.by_size_class`). Specializing rebuilds every node on the real
+size (`codegen.choice.by_size_class`). Specializing rebuilds every node on the real
 sizes and checks it against the symbolic type, so a binding the symbolic graph does not
 hold for raises SymbolError, never runs a wrong plan. The plans share the constants
 compiling derives from the weights (folded, transposed, packed: `shared_constants`), so
@@ -19,7 +19,7 @@ from collections import OrderedDict
 from typing import Mapping, Sequence
 
 from . import cost, shared_constants
-from .codegen import library
+from .codegen import choice
 from .ir import Graph, symbols
 from .ir.specialize import binding_of, graph_symbols, specialize
 from .ir.symbols import SymbolError
@@ -65,7 +65,7 @@ class SymbolicGraph:
         key = tuple(sorted(binding.items()))
         plan = self._plans.get(key)
         if plan is None:
-            with shared_constants.sharing(self._sharing), library.by_size_class():
+            with shared_constants.sharing(self._sharing), choice.by_size_class():
                 plan = self._compile(binding)
             self.compiles += 1
             self._plans[key] = plan

@@ -71,12 +71,12 @@ def test_the_choice_is_measured_once_and_recorded(tmp_path, monkeypatch):
     # a second process reads it back: nothing is measured again
     monkeypatch.setattr(attention, "_CHOICES", {})
     measured = []
-    original = attention.library.measure
+    original = attention.choice.measure
     try:
-        attention.library.measure = lambda *a, **k: measured.append(1) or original(*a, **k)
+        attention.choice.measure = lambda *a, **k: measured.append(1) or original(*a, **k)
         assert attention.choose(node, db) == chosen
     finally:
-        attention.library.measure = original
+        attention.choice.measure = original
     assert not measured
 
 
@@ -88,14 +88,14 @@ def test_a_recheck_measures_a_recorded_choice_again(tmp_path, monkeypatch):
     key = attention._key(node, attention.Mask(node, None))
     # a record made under load: the unfused form once measured 1 us
     tune.remember(attention.KIND, key, "unfused", {"fused": [1.0], "unfused": [1e-6]}, db)
-    with attention.library.rechecking():
+    with attention.choice.rechecking():
         assert attention.choose(node, db, rounds=3) == "unfused"   # its 1 us still counts
     (record,) = [r for r in db.records() if r.kind == attention.KIND]
     assert len(record.samples["unfused"]) == 4 and len(record.samples["fused"]) == 4
     monkeypatch.setattr(attention, "_CHOICES", {})
     tune.remember(attention.KIND, key, "unfused", {"fused": [1e-6], "unfused": [1.0]}, db)
     assert attention.choose(node, db) == "unfused"                 # recalled, not measured
-    with attention.library.rechecking():
+    with attention.choice.rechecking():
         monkeypatch.setattr(attention, "_CHOICES", {})
         assert attention.choose(node, db, rounds=3) == "fused"     # measured again
 
@@ -180,9 +180,9 @@ def test_a_choice_is_kept_for_the_process(monkeypatch):
     monkeypatch.setattr(attention, "_CHOICES", {})
     _, node = _node(mask_dtype=torch.float32, seq=24)
     first = attention.choose(node)               # no database: measured, then memoized
-    original = attention.library.measure
+    original = attention.choice.measure
     try:
-        attention.library.measure = lambda *a, **k: pytest.fail("measured again")
+        attention.choice.measure = lambda *a, **k: pytest.fail("measured again")
         assert attention.choose(node) == first
     finally:
-        attention.library.measure = original
+        attention.choice.measure = original

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import opweave
-from opweave.codegen import int8, library, quantize
+from opweave.codegen import choice, int8, library, quantize
 from opweave.options import Options
 
 pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
@@ -582,17 +582,17 @@ def test_int8_forms_are_measured_on_codes_where_their_operands_arrive_as_codes()
     seen = {}
     candidates = {"plain": lambda a: seen.setdefault("plain", a.dtype),
                   "int8": _Measured(lambda a: seen.setdefault("int8", a.dtype))}
-    library.measure(candidates, [torch.randn(2, 2)], rounds=1)
+    choice.measure(candidates, [torch.randn(2, 2)], rounds=1)
     assert seen == {"plain": torch.float32, "int8": torch.uint8}
 
 
 def test_float32_is_kept_only_where_it_beats_int8_by_the_margin():
     close = {"reference": [1.0, 0.95], "onednn": [0.93], "onednn-int8": [1.0, 1.02]}
-    assert library._preferring_int8(close) == "onednn-int8"  # 7% slower: int8 kept
+    assert choice._preferring_int8(close) == "onednn-int8"  # 7% slower: int8 kept
     far = {"reference": [1.0], "onednn": [0.8], "onednn-int8": [0.95, 0.9]}
-    assert library._preferring_int8(far) == "onednn"          # 12.5% slower: float32
+    assert choice._preferring_int8(far) == "onednn"          # 12.5% slower: float32
     plain = {"reference": [1.0], "onednn": [0.99]}
-    assert library._preferring_int8(plain) == "onednn"        # no int8 form: the fastest
+    assert choice._preferring_int8(plain) == "onednn"        # no int8 form: the fastest
 
 
 class _Residual(nn.Module):
@@ -701,7 +701,7 @@ def test_a_1x1_convolution_runs_as_an_int8_gemm_on_codes(monkeypatch):
         chosen.append(next(c for c in ("onednn-int8-gemm", "onednn-int8", "onednn",
                                        "reference") if c in candidates))
         return chosen[-1], 1e-3
-    monkeypatch.setattr(library, "choose", prefer_gemm)
+    monkeypatch.setattr(choice, "choose", prefer_gemm)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 24, 1),
                           nn.ReLU()).eval()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opweave.codegen import library, lower
+from opweave.codegen import choice, library, lower
 from opweave.codegen.render import FUSIBLE
 from opweave.ir import Graph, TensorType
 from opweave.runtime import Executor
@@ -75,7 +75,7 @@ def test_choice_is_measured_once_per_shape(monkeypatch):
     """The measured choice is memoized per shape; a fake clock makes "slow" slow on any
     machine (the test asserts the bookkeeping, not this CPU's speed)."""
     clock = [0.0]
-    monkeypatch.setattr(library.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(choice.time, "perf_counter", lambda: clock[0])
     calls = {"slow": 0, "fast": 0}
 
     def make(name, seconds):
@@ -87,18 +87,18 @@ def test_choice_is_measured_once_per_shape(monkeypatch):
     g = Graph("k")
     v = g.add_input("x", TensorType((64, 64), F32))
     key = ("test", "shape")
-    best, seconds = library.choose(key, {"slow": make("slow", 1e-3), "fast": make("fast", 1e-6)}, [v])
+    best, seconds = choice.choose(key, {"slow": make("slow", 1e-3), "fast": make("fast", 1e-6)}, [v])
     assert best == "fast" and seconds == pytest.approx(1e-6)
     before = dict(calls)
-    assert library.choose(key, {"slow": make("slow", 1e-3), "fast": make("fast", 1e-6)}, [v])[0] == "fast"
+    assert choice.choose(key, {"slow": make("slow", 1e-3), "fast": make("fast", 1e-6)}, [v])[0] == "fast"
     assert calls == before
 
 
 def test_size_classes_round_every_size_up_to_a_power_of_two():
     key = ("matmul", (), ("f32[2,100,768]", "f32[768,3072]"), (("add", "[]"),))
-    assert library.size_class(key) == ("matmul", (), ("f32[2,128,1024]", "f32[1024,4096]"),
+    assert choice.size_class(key) == ("matmul", (), ("f32[2,128,1024]", "f32[1024,4096]"),
                                        (("add", "[]"),))
-    assert library.size_class(("conv", (), ("f32[1,3,5,5]",), (), ("precision", "bf16"))) == \
+    assert choice.size_class(("conv", (), ("f32[1,3,5,5]",), (), ("precision", "bf16"))) == \
         ("conv", (), ("f32[1,4,8,8]",), (), ("precision", "bf16"))
 
 
@@ -106,9 +106,9 @@ def test_a_size_class_serves_the_sizes_in_it_with_their_flops(monkeypatch):
     """Within `by_size_class`, the first signature of a class is measured; another of the
     same class takes its form, its time scaled by FLOPs; another class is measured."""
     clock = [0.0]
-    monkeypatch.setattr(library.time, "perf_counter", lambda: clock[0])
-    monkeypatch.setattr(library, "_CHOICES", {})
-    monkeypatch.setattr(library, "_CLASS_CHOICES", {})
+    monkeypatch.setattr(choice.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    monkeypatch.setattr(choice, "_CLASS_CHOICES", {})
     measured = []
 
     def form(seconds):
@@ -117,22 +117,22 @@ def test_a_size_class_serves_the_sizes_in_it_with_their_flops(monkeypatch):
             return [x]
         return fn
     forms = {"slow": form(4e-3), "fast": form(1e-3)}
-    real = library.measure
-    monkeypatch.setattr(library, "measure", lambda c, args, rounds=7: measured.append(
+    real = choice.measure
+    monkeypatch.setattr(choice, "measure", lambda c, args, rounds=7: measured.append(
         args[0].shape) or real(c, args, rounds))
     g = Graph("k")
     small, other = (g.add_input(n, TensorType(s, F32)) for n, s in (("a", (100, 8)), ("b", (20, 8))))
 
     def key(rows):
         return ("matmul", (), (f"f32[{rows},8]",), ())
-    with library.by_size_class():
-        assert library.choose(key(100), forms, [small], work=1000.0) == ("fast", pytest.approx(1e-3))
-        assert library.choose(key(120), forms, [small], work=1500.0) == ("fast", pytest.approx(1.5e-3))
-        assert library.measured(key(110), work=500.0) == pytest.approx(0.5e-3)
+    with choice.by_size_class():
+        assert choice.choose(key(100), forms, [small], work=1000.0) == ("fast", pytest.approx(1e-3))
+        assert choice.choose(key(120), forms, [small], work=1500.0) == ("fast", pytest.approx(1.5e-3))
+        assert choice.measured(key(110), work=500.0) == pytest.approx(0.5e-3)
         assert len(measured) == 1
-        library.choose(key(20), forms, [other], work=200.0)   # class 32: measured
+        choice.choose(key(20), forms, [other], work=200.0)   # class 32: measured
         assert len(measured) == 2
-    library.choose(key(90), forms, [small], work=900.0)      # outside: every size measured
+    choice.choose(key(90), forms, [small], work=900.0)      # outside: every size measured
     assert len(measured) == 3
 
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from opweave import Options
-from opweave.codegen import library, lower, onednn_direct
+from opweave.codegen import choice, library, lower, onednn_direct
 from opweave.ir import Graph, TensorType
 from opweave.pipeline import compile_graph
 from opweave.runtime import Executor
@@ -168,10 +168,10 @@ def assert_replayed_natively(g: Graph, shape) -> None:
 
 
 def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
-    assert library._preferring_direct({"onednn": [1.0], "onednn-direct": [1.02]}) == \
+    assert choice._preferring_direct({"onednn": [1.0], "onednn-direct": [1.02]}) == \
         "onednn-direct"
-    assert library._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
-    assert library._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
+    assert choice._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
+    assert choice._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
 
 
 def test_a_3d_convolution_is_left_to_torchs_forms():

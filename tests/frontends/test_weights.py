@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import opweave
-from opweave.codegen import library
+from opweave.codegen import choice
 from opweave.frontends.weights import WeightsChangedWarning
 
 
@@ -48,14 +48,14 @@ UPDATES = [_no_grad_copy, _load_state_dict, _optimizer_step, _new_storage, _new_
 def kernel(request, monkeypatch):
     """Force the packed oneDNN form or the torch-op form of each linear layer (a measured
     choice otherwise), so both are tested whatever this machine measures."""
-    real = library.choose
+    real = choice.choose
 
     def forced(key, candidates, inputs, rounds=7, work=0.0):
         name = request.param if request.param in candidates else "reference"
         return name, real(key, {name: candidates[name]}, inputs, rounds=1, work=work)[1]
 
-    monkeypatch.setattr(library, "choose", forced)
-    monkeypatch.setattr(library, "_CHOICES", {})
+    monkeypatch.setattr(choice, "choose", forced)
+    monkeypatch.setattr(choice, "_CHOICES", {})
     return request.param
 
 

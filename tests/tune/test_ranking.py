@@ -10,7 +10,7 @@ import torch
 
 import opweave
 from opweave import cli, tune
-from opweave.codegen import library
+from opweave.codegen import choice
 from opweave.options import Options
 from opweave.tune import TuningDBWarning, ranking
 from opweave.tune.target import describe, target_id
@@ -57,8 +57,8 @@ def test_a_compile_with_a_stored_ranker_measures_only_its_top_form(tmp_path, mon
     model, x = Net().eval(), torch.randn(1, 3, 6, 6)
     _forget_process_memos()
     measured = []
-    real = library.measure
-    monkeypatch.setattr(library, "measure",
+    real = choice.measure
+    monkeypatch.setattr(choice, "measure",
                         lambda candidates, *a, **k: measured.append(list(candidates))
                         or real(candidates, *a, **k))
     compiled = opweave.compile(model, (x,), options=Options(tuning_db=str(path)))

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import opweave
-from opweave.codegen import gemm, library
+from opweave.codegen import choice, gemm
 from opweave.options import Options
 from opweave.partition import clear_cache
 
@@ -23,8 +23,8 @@ class Net(torch.nn.Module):
 
 
 def _forget_process_memos():
-    library._CHOICES.clear()
-    library._CLASS_CHOICES.clear()
+    choice._CHOICES.clear()
+    choice._CLASS_CHOICES.clear()
     gemm._CHOICES.clear()
     clear_cache()
 
@@ -39,15 +39,15 @@ def test_a_warm_compile_measures_nothing_and_gives_the_same_plan(tmp_path, monke
     options = Options(tuning_db=str(tmp_path / "tuning.sqlite"))
     _forget_process_memos()
     measured = []
-    real = library.measure
-    monkeypatch.setattr(library, "measure", lambda *a, **k: measured.append(1) or real(*a, **k))
+    real = choice.measure
+    monkeypatch.setattr(choice, "measure", lambda *a, **k: measured.append(1) or real(*a, **k))
     cold = opweave.compile(model, (x,), options=options)
     assert measured, "a cold compile measures its library choices"
     _forget_process_memos()
 
     def refuse(*args, **kwargs):
         raise AssertionError("a warm compile measured something")
-    monkeypatch.setattr(library, "measure", refuse)
+    monkeypatch.setattr(choice, "measure", refuse)
     warm = opweave.compile(model, (x,), options=options)
     assert _plan(warm) == _plan(cold)
     with torch.no_grad():
@@ -66,7 +66,7 @@ def test_a_recheck_measures_recorded_forms_again_and_decides_on_every_sample(tmp
     _forget_process_memos()
     opweave.compile(model, (x,), options=Options(tuning_db=path))
     db = tune.open_db(path)
-    records = [r for r in db.records() if r.kind == library.KIND]
+    records = [r for r in db.records() if r.kind == choice.KIND]
     assert records
     for r in records:
         loaded = {form: [1.0] * len(times) for form, times in r.samples.items()}
@@ -81,7 +81,7 @@ def test_a_recheck_measures_recorded_forms_again_and_decides_on_every_sample(tmp
             assert times[:old] == [1.0] * old and len(times) > old
         assert again.seconds < 1.0
         # the decision rule on all the samples (the fastest, or the direct form within 3%)
-        assert again.config["form"] == library._preferring_direct(again.samples)
+        assert again.config["form"] == choice._preferring_direct(again.samples)
     with torch.no_grad():
         torch.testing.assert_close(rechecked(x), model(x), rtol=1e-4, atol=1e-5)
 
@@ -92,8 +92,8 @@ def test_without_a_database_choices_are_measured_every_process(tmp_path, monkeyp
     for _ in range(2):
         _forget_process_memos()
         measured = []
-        real = library.measure
-        monkeypatch.setattr(library, "measure",
+        real = choice.measure
+        monkeypatch.setattr(choice, "measure",
                             lambda *a, real=real, **k: measured.append(1) or real(*a, **k))
         opweave.compile(model, (x,), options=options)
         assert measured

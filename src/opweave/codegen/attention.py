@@ -24,7 +24,7 @@ import torch
 from .. import tune
 from ..ir.graph import Node
 from ..ir.ops.linalg import _attention
-from . import library
+from . import choice
 
 KIND = "attention-form"  # the tuning database's name for this decision
 # the largest [batch, heads, seq, seq] scores the unfused form holds (with its softmax's
@@ -117,14 +117,14 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
            rounds: int = 7) -> str:
     """The faster form for this attention here: recorded in the tuning database for this
     machine, or measured now (interleaved runs after two warm-up rounds, the minimum) and
-    recorded; within `library.rechecking`, measured again and decided on the record's
+    recorded; within `choice.rechecking`, measured again and decided on the record's
     samples and the new ones together. The unfused form must agree with the fused one
     first."""
     mask = mask or Mask(node, None)
     key = _key(node, mask)
     if key in _CHOICES:
         return _CHOICES[key]
-    recheck = library.is_rechecking()
+    recheck = choice.is_rechecking()
     recalled = None if recheck else tune.recall(KIND, key, FORMS, db)
     if recalled is not None:
         _CHOICES[key] = recalled[0]
@@ -136,7 +136,7 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * size):
         _CHOICES[key] = "fused"
         return "fused"
-    samples = library.measure(forms, args, rounds)
+    samples = choice.measure(forms, args, rounds)
     if recheck:  # decided on the record's samples and today's together, as library forms
         earlier = tune.recorded_samples(KIND, key, db)
         samples = {name: earlier.get(name, []) + times for name, times in samples.items()}

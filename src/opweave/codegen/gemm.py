@@ -17,7 +17,7 @@ import torch
 
 from .. import tune
 from ..ir.graph import Node
-from . import library
+from . import choice, library
 
 _CHOICES: dict[tuple, Callable] = {}  # (shapes, strides, dtype, threads) -> the faster form
 
@@ -73,7 +73,7 @@ def _choose(a: torch.Tensor, b: torch.Tensor, key=None, db=None, rounds: int = 7
                                                          atol=1e-5 * max(scale, 1.0)):
         return _torch_mm
     forms = tune.shortlist(KIND, key, _FORMS, db or tune.active()) if key else _FORMS
-    samples = library.measure(forms, (a, b), rounds)
+    samples = choice.measure(forms, (a, b), rounds)
     best = min(samples, key=lambda name: min(samples[name]))
     if key is not None:
         tune.remember(KIND, key, best, samples, db)

@@ -9,7 +9,7 @@ so each output is one contiguous dot product, splits the outputs between the thr
 vectorizes each dot product: 0.06 ms warm, 0.35 ms from memory. The bias, the residual
 add and the activation are applied to each output as it is stored, in the order the
 direct oneDNN form's post-ops apply them (codegen/onednn_direct.cpp). Whether it runs is
-measured per shape against the other forms (`library.choose`), like every form.
+measured per shape against the other forms (`choice.choose`), like every form.
 
 The kernel is built once per machine into opweave's kernel cache (codegen/build.py), and a
 native plan calls it as a raw function.

@@ -195,7 +195,7 @@ class Int8Group:
         self.state = "ready"
 
     def measured_args(self, args: list) -> list:
-        """The arguments it is measured on (library.measure): float32 example operands,
+        """The arguments it is measured on (choice.measure): float32 example operands,
         as uint8 codes where they may arrive so (the quantizer's time is then not its)."""
         args = list(args)
         if self.codes_in:

@@ -22,7 +22,7 @@ from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from ..partition.classify import constant_of
-from . import attention, build, gemm, kernel_schedule, library
+from . import attention, build, choice, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
@@ -126,14 +126,14 @@ def lower(graph: Graph, mode: str = "ilp", measure: bool = True,
     `target`: "cpp" (C++ kernels and oneDNN, for CPU tensors) or "triton" (Triton kernels
     and torch's CUDA libraries, for GPU tensors; codegen/triton). `kernels`: how the
     generated C++ kernels' schedules are chosen (codegen/kernel_schedule.py); `recheck`:
-    measure the recorded library forms again (`library.rechecking`)."""
+    measure the recorded library forms again (`choice.rechecking`)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {', '.join(TARGETS)}; got {target!r}")
     kernel_schedule.check_mode(kernels)
     if mode != "off" and target == "triton":
         from .triton.lower import lower_for_triton
         return lower_for_triton(graph, mode, ilp_seconds, precision, apart)
-    with library.rechecking(recheck):
+    with choice.rechecking(recheck):
         return _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels)
 
 
@@ -254,7 +254,7 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     key, candidates, ins, ep, inplace = _anchor_candidates(graph, ctx, group, nodes, outputs,
                                                            inplace, precision)
     if measure:
-        chosen, _ = library.choose(key, candidates, ins, work=_flops(nodes[0]))
+        chosen, _ = choice.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
         chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "cpp-gemv",
                                    "onednn-winograd", "onednn-direct", "onednn") if c in candidates), "reference")
@@ -318,14 +318,14 @@ def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float
 def _measured_group_seconds(graph, ctx, group, precision: str) -> float:
     nodes = sorted(group, key=ctx.index.__getitem__)
     work = _flops(nodes[0])
-    known = library.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group),
+    known = choice.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group),
                                                precision), work)
     if known is not None:  # skip packing weights for a shape measured already
         return known
     outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
     key, candidates, ins, _, _ = _anchor_candidates(graph, ctx, group, nodes, outputs,
                                                     precision=precision)
-    return library.choose(key, candidates, ins, work=work)[1]
+    return choice.choose(key, candidates, ins, work=work)[1]
 
 
 def _flops(anchor: Node) -> float:

@@ -7,7 +7,7 @@ each one's primitive is made once, with its weights reordered into the layout it
 for, from oneDNN's GNU OpenMP build on the package index (`onednn-cpu-gomp`, loaded beside
 torch: torch keeps its oneDNN's symbols to itself, and both share torch's libgomp, so one
 thread team). A call wraps the caller's pointers and runs; a native plan calls it as a raw
-function. Whether it runs is still a measured choice per shape (`library.choose`), against
+function. Whether it runs is still a measured choice per shape (`choice.choose`), against
 torch's forms; docs/tuning.md has the measurements.
 
 `onednn_direct.cpp` is built once per machine into opweave's cache, like the native
