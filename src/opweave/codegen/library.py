@@ -12,12 +12,10 @@ primitive made once (codegen/onednn_direct.py), kept unless another form measure
 faster; a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
 its products on the same library (codegen/onednn_winograd.cpp). A linear layer of one row
 also has the form "cpp-gemv", a kernel of opweave's own for products bound by streaming
-their weight (codegen/gemv.py). Under precision
-"bf16x3" it also has the form "onednn-bf16x3": the direct form
-computed from three bf16 parts of each operand, float32's accuracy (codegen/precision.py).
-Each anchor group
-also has its reference form (the same nodes as torch ops); which form runs is a measured
-choice (codegen/choice.py).
+their weight (codegen/gemv.py). Under precision "bf16x3" it also has the form
+"onednn-bf16x3": the direct form computed from three bf16 parts of each operand,
+float32's accuracy (codegen/precision.py). Each anchor group also has its reference form
+(the same nodes as torch ops); which form runs is a measured choice (codegen/choice.py).
 """
 from __future__ import annotations
 
