@@ -1,5 +1,5 @@
-"""Attention's measured form (codegen/attention.py): the unfused form against the fused
-kernel, where it is offered, and the choice's record."""
+"""Attention's measured form (codegen/attention.py): the unfused and per-head forms
+against the fused kernel, where they are offered, and the choice's record."""
 from __future__ import annotations
 
 import pytest
@@ -17,10 +17,23 @@ def _heads(b, s, h, d):
     return torch.randn(b, s, h, d).transpose(1, 2)      # as models split heads
 
 
+needs_per_head = pytest.mark.skipif(attention.per_head_problem() is not None,
+                                    reason="oneDNN's module is unavailable here")
+
+
+def _form(name, scale, masked):
+    if name == "unfused":
+        return lambda q, k, v, m=None: attention.unfused(q, k, v, m, scale=scale)
+    if attention.per_head_problem() is not None:
+        pytest.skip("oneDNN's module is unavailable here")
+    return attention.PerHead(scale, masked, hidden_rows=True)
+
+
+@pytest.mark.parametrize("form", ["unfused", "per-head"])
 @pytest.mark.parametrize("batch, lq, lk", [(1, 7, 7), (2, 5, 9), (1, 33, 17)])
 @pytest.mark.parametrize("mask", [None, "keys", "per batch", "full"])
 @pytest.mark.parametrize("scale", [0.125, -0.5])
-def test_the_unfused_form_matches_the_fused_kernel(batch, lq, lk, mask, scale):
+def test_the_other_forms_match_the_fused_kernel(form, batch, lq, lk, mask, scale):
     torch.manual_seed(0)
     q, k, v = _heads(batch, lq, 3, 8), _heads(batch, lk, 3, 8), _heads(batch, lk, 3, 8)
     shapes = {None: None, "keys": (lk,), "per batch": (batch, 1, 1, lk),
@@ -33,11 +46,68 @@ def test_the_unfused_form_matches_the_fused_kernel(batch, lq, lk, mask, scale):
         elif batch == 2 and mask == "per batch":
             additive[1] = float("-inf")                # a sequence hidden entirely
     want = _attention(q, k, v, additive, scale=scale, causal=False)
-    got = attention.unfused(q, k, v, additive, scale=scale)
+    got = _form(form, scale, additive is not None)(q, k, v, additive)
     assert not got.isnan().any()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     # laid out as the kernel's result: merging the heads afterwards copies nothing
     assert got.stride() == want.stride()
+
+
+@needs_per_head
+@pytest.mark.parametrize("layout", ["heads split", "contiguous", "columns strided"])
+def test_the_per_head_form_reads_any_layout(layout):
+    """sgemm reads rows in place where the last dimension is dense; else a copy is read.
+    Accuracy against float64 is that of the unfused form (bounded at twice its error)."""
+    torch.manual_seed(0)
+    b, h, lq, lk, d = 2, 4, 40, 37, 16
+    q, k, v = _heads(b, lq, h, d), _heads(b, lk, h, d), _heads(b, lk, h, d)
+    if layout == "contiguous":
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    elif layout == "columns strided":
+        q, k, v = (x.transpose(2, 3).contiguous().transpose(2, 3) for x in (q, k, v))
+    want = torch.softmax(q.double() @ k.double().transpose(2, 3) * 0.25, -1) @ v.double()
+    got = attention.PerHead(0.25, masked=False, hidden_rows=False)(q, k, v)
+    unfused = attention.unfused(q, k, v, scale=0.25)
+    assert got.stride() == unfused.stride()
+    error = (got.double() - want).abs().max()
+    assert error <= 2 * max(float((unfused.double() - want).abs().max()), 1e-7)
+
+
+@needs_per_head
+def test_the_per_head_form_keeps_nan_and_inf_where_the_unfused_form_does():
+    torch.manual_seed(0)
+    q, k, v = _heads(1, 20, 2, 8), _heads(1, 20, 2, 8), _heads(1, 20, 2, 8)
+    q[0, 0, 3, 1] = float("nan")                         # one query's row: all NaN
+    k[0, 1, 5, 2] = float("inf")                         # +inf and -inf scores in head 1
+    mask = torch.zeros(1, 1, 20, 20)
+    mask[..., 7, :] = float("-inf")                      # a hidden row
+    for hidden_rows in (True, False):
+        want = attention.unfused(q, k, v, mask, scale=0.5, hidden_rows=hidden_rows)
+        got = attention.PerHead(0.5, masked=True, hidden_rows=hidden_rows)(q, k, v, mask)
+        assert want.isnan().any() and torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.isinf(), want.isinf())
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5, equal_nan=True)
+    # with no mask, a row of -inf scores is NaN, as torch's softmax gives
+    k2 = k.clone()
+    k2[...] = float("inf")
+    q2 = -q.abs() - 1
+    want = attention.unfused(q2, k2, v, scale=0.5)
+    got = attention.PerHead(0.5, masked=False, hidden_rows=False)(q2, k2, v)
+    assert want.isnan().all() and got.isnan().all()
+
+
+@needs_per_head
+def test_the_per_head_form_runs_under_any_thread_count():
+    torch.manual_seed(0)
+    q, k, v = _heads(1, 30, 3, 8), _heads(1, 30, 3, 8), _heads(1, 30, 3, 8)
+    form = attention.PerHead(0.3, masked=False, hidden_rows=False)
+    threads = torch.get_num_threads()
+    first = form(q, k, v)
+    try:
+        torch.set_num_threads(1)
+        torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _node(causal=False, mask_dtype=None, seq=16, heads=2):
@@ -67,7 +137,8 @@ def test_the_choice_is_measured_once_and_recorded(tmp_path, monkeypatch):
     chosen = attention.choose(node, db)
     assert chosen in attention.FORMS
     (record,) = [r for r in db.records() if r.kind == attention.KIND]
-    assert record.config["form"] == chosen and set(record.samples) == {"fused", "unfused"}
+    assert record.config["form"] == chosen
+    assert set(record.samples) == set(attention._offered(node)) >= {"fused", "unfused"}
     # a second process reads it back: nothing is measured again
     monkeypatch.setattr(attention, "_CHOICES", {})
     measured = []
@@ -114,11 +185,17 @@ class _Block(nn.Module):
         return out.transpose(1, 2).reshape(b, s, 32)
 
 
-@pytest.mark.parametrize("form", ["fused", "unfused", None])
+@pytest.mark.parametrize("form", ["fused", "unfused", "per-head", None])
 def test_a_model_runs_the_chosen_form_and_the_native_plan_replays_it(form, monkeypatch):
     """None: unmeasured (measure=False), the op's own form."""
+    if form == "per-head" and attention.per_head_problem() is not None:
+        pytest.skip("oneDNN's module is unavailable here")
     if form is not None:
         monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None: form)
+    python_calls = []
+    per_head = attention.PerHead.__call__
+    monkeypatch.setattr(attention.PerHead, "__call__",
+                        lambda self, *a: python_calls.append(1) or per_head(self, *a))
     torch.manual_seed(0)
     model, x = _Block().eval(), torch.randn(2, 12, 32)
     mask = torch.zeros(2, 1, 1, 12)
@@ -133,7 +210,10 @@ def test_a_model_runs_the_chosen_form_and_the_native_plan_replays_it(form, monke
             compiled(torch.randn(2, 12, 32), mask)
         assert executor.native.plan is not None, executor.native.describe()
         x = torch.randn(2, 12, 32)
+        replayed_from = len(python_calls)
         torch.testing.assert_close(compiled(x, mask), model(x, mask), atol=1e-5, rtol=1e-5)
+    # the per-head form's raw call is in the plan: Python no longer calls it
+    assert len(python_calls) == replayed_from and (form == "per-head") == (replayed_from > 0)
 
 
 def test_what_a_constant_mask_tells():
@@ -186,3 +266,19 @@ def test_a_choice_is_kept_for_the_process(monkeypatch):
         assert attention.choose(node) == first
     finally:
         attention.choice.measure = original
+
+
+@needs_per_head
+def test_a_form_that_disagrees_with_the_fused_kernel_is_not_measured(monkeypatch):
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    _, node = _node(mask_dtype=torch.float32, seq=24)
+    bound = attention._bound
+    monkeypatch.setattr(attention, "_bound", lambda name, node, mask: (
+        (lambda *args: bound(name, node, mask)(*args) + 1e-3) if name == "per-head"
+        else bound(name, node, mask)))
+    measured = {}
+    original = attention.choice.measure
+    monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
+        measured.update(forms) or original(forms, *a, **k)))
+    assert attention.choose(node) in ("fused", "unfused")
+    assert set(measured) == {"fused", "unfused"}

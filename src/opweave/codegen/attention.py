@@ -1,22 +1,30 @@
-"""Attention picks its form by measurement: torch's fused CPU kernel, or two batched
-products with a softmax between.
+"""Attention picks its form by measurement: torch's fused CPU kernel, two batched
+products with a softmax between ("unfused"), or each head's two products and softmax in
+cache ("per-head", onednn_attention.cpp).
 
 The fused kernel (`_scaled_dot_product_flash_attention_for_cpu`, the IR op's own form)
 never holds the [seq, seq] scores, which is what long sequences need (Whisper's 1500
 frames ran 4x slower unfused). At the lengths of BERT and ViT the scores fit in cache,
 and the kernel's blocks ran at half the machine's float32 rate: one ViT-B/16 attention
-(12 heads, 197 tokens) took 1.0-1.3 ms fused against 0.9 unfused, BERT-base's (128
-tokens) 0.45-0.6 against 0.37 (2 Zen 4 threads). Which wins depends on the lengths and
-the machine, so each shape is measured once at compile time, on operands laid out as
-models pass them (heads split from a product's output: a transposed view), and the
-choice is kept in the tuning database (kind "attention-form") like every measured one.
-A mask that is a constant of zeros (what export leaves for ViT) is dropped from either
-form; a constant one that hides no row entirely spares the unfused form its check for
-such rows. Causal attention and boolean masks keep the fused kernel, and so do shapes
-whose scores would exceed `UNFUSED_BYTES`.
+(12 heads, 197 tokens) took 1.3 ms fused, 1.06 unfused and 0.88 per head; BERT-base's
+(128 tokens) 0.47, 0.40 and 0.33 (2 Zen 4 threads). The per-head form runs oneDNN's
+sgemm on one (batch, head) pair per thread at a time and the softmax on its scores while
+they are in L2, and writes its head of the result in place: it allocates nothing and is
+one raw call in a native plan. Which wins depends on the lengths and the machine, so each
+shape is measured once at compile time, on operands laid out as models pass them (heads
+split from a product's output: a transposed view), and the choice is kept in the tuning
+database (kind "attention-form") like every measured one. A form must agree with the
+fused kernel first, on operands with a masked key and a hidden row.
+A mask that is a constant of zeros (what export leaves for ViT) is dropped from every
+form; a constant one that hides no row entirely spares the others their check for such
+rows. Causal attention and boolean masks keep the fused kernel, and so do shapes whose
+scores would exceed `UNFUSED_BYTES`.
 """
 from __future__ import annotations
 
+import ctypes
+import threading
+import weakref
 from typing import Callable
 
 import torch
@@ -24,7 +32,7 @@ import torch
 from .. import tune
 from ..ir.graph import Node
 from ..ir.ops.linalg import _attention
-from . import choice
+from . import choice, onednn_direct
 
 KIND = "attention-form"  # the tuning database's name for this decision
 # the largest [batch, heads, seq, seq] scores the unfused form holds (with its softmax's
@@ -57,7 +65,76 @@ def unfused(q, k, v, mask=None, *, scale: float, causal: bool = False,
     return out.transpose(1, 2).contiguous().transpose(1, 2)
 
 
-FORMS = ("fused", "unfused")  # `_bound` makes each one's call
+class PerHead:
+    """The "per-head" form (onednn_attention.cpp): each (batch, head) pair's two products
+    on oneDNN's sgemm, with the softmax on its scores while they are in cache, the pairs
+    split over the thread team; the result laid out as `unfused` lays it out. One native
+    object per layout of the operands (made at its first call with that layout). A call
+    reports itself to a native plan's recorder like a generated kernel: output, query,
+    key, value, the object's address as a constant int64 tensor, then the mask."""
+
+    def __init__(self, scale: float, masked: bool, hidden_rows: bool):
+        self.scale, self.masked, self.hidden_rows = scale, masked, hidden_rows
+        self._made: dict[tuple, torch.Tensor] = {}  # strides -> the object's address
+        self._lock = threading.Lock()
+
+    def _context(self, geometry: tuple[int, ...]) -> torch.Tensor:
+        with self._lock:
+            if geometry not in self._made:
+                lib = onednn_direct.library()
+                error = ctypes.create_string_buffer(256)
+                flags = int(self.masked) | 2 * int(self.masked and self.hidden_rows)
+                handle = lib.ow_attention_create((ctypes.c_int64 * len(geometry))(*geometry),
+                                                 self.scale, flags, error, len(error))
+                if not handle:
+                    raise RuntimeError(f"the per-head attention {geometry} was refused: "
+                                       f"{error.value.decode(errors='replace')}")
+                weakref.finalize(self, lib.ow_attention_destroy, handle)
+                self._made[geometry] = torch.tensor([handle], dtype=torch.int64)
+            return self._made[geometry]
+
+    def __call__(self, q, k, v, mask=None):
+        b, h, lq, d = q.shape
+        lk, dv = k.shape[2], v.shape[3]
+        if k.shape != (b, h, lk, d) or v.shape != (b, h, lk, dv):
+            raise ValueError(f"per-head attention: query {tuple(q.shape)}, key "
+                             f"{tuple(k.shape)} and value {tuple(v.shape)} do not fit")
+        q, k, v = (_dense_rows(x) for x in (q, k, v))
+        operands = [q, k, v]
+        mask_strides = (0, 0, 0)
+        if self.masked:
+            mask = _dense_rows(mask.expand(b, h, lq, lk))
+            operands.append(mask)
+            mask_strides = mask.stride()[:3]
+        geometry = (b, h, lq, lk, d, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
+                    *mask_strides)
+        context = self._context(geometry)
+        out = torch.empty(b, lq, h, dv)
+        tensors = [out, *operands[:3], context, *operands[3:]]
+        lib = onednn_direct.library()
+        lib.ow_attention_run((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)))
+        from .lower import CppKernel  # a native plan's recorder listens there
+        if CppKernel.recording is not None:
+            CppKernel.recording(ctypes.cast(lib.ow_attention_run, ctypes.c_void_p).value,
+                                tensors)
+        return out.transpose(1, 2)
+
+
+def _dense_rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` itself where sgemm can read its rows in place (the last dimension dense, rows
+    no closer than their length), else a contiguous copy."""
+    if t.stride(-1) == 1 and t.stride(-2) >= t.shape[-1]:
+        return t
+    return t.contiguous()
+
+
+def per_head_problem() -> str | None:
+    """Why the per-head form is not offered here (oneDNN's module is unavailable), or
+    None."""
+    return None if onednn_direct.library() is not None else onednn_direct.unavailable()
+
+
+FORMS = ("fused", "unfused", "per-head")  # `_bound` makes each one's call
 
 
 def applies(node: Node) -> bool:
@@ -86,10 +163,18 @@ class Mask:
         self.type = None if self.dropped else str(node.inputs[3].type)
 
 
+def _offered(node: Node) -> tuple[str, ...]:
+    """The forms compared for this node here: the per-head form where oneDNN's module is
+    available and query, key and value share their batch and heads."""
+    q, k, v = (x.type.shape for x in node.inputs[:3])
+    fits = q[:2] == k[:2] == v[:2] and k[2] == v[2] and q[3] == k[3]
+    return FORMS if fits and per_head_problem() is None else FORMS[:2]
+
+
 def _key(node: Node, mask: Mask) -> tuple:
     # (a negative scale makes the fused kernel negate the query first)
     return (tuple(str(x.type) for x in node.inputs[:3]), mask.type, mask.hidden_rows,
-            node.attrs["scale"] < 0, torch.get_num_threads())
+            node.attrs["scale"] < 0, torch.get_num_threads(), _offered(node))
 
 
 _CHOICES: dict[tuple, str] = {}  # key -> the form chosen in this process
@@ -125,15 +210,20 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     if key in _CHOICES:
         return _CHOICES[key]
     recheck = choice.is_rechecking()
-    recalled = None if recheck else tune.recall(KIND, key, FORMS, db)
+    offered = _offered(node)
+    recalled = None if recheck else tune.recall(KIND, key, offered, db)
     if recalled is not None:
         _CHOICES[key] = recalled[0]
         return recalled[0]
     args = _examples(node, mask)
-    forms = {name: _bound(name, node, mask) for name in FORMS}
-    expected, got = forms["fused"](*args), forms["unfused"](*args)
+    forms = {name: _bound(name, node, mask) for name in offered}
+    expected = forms["fused"](*args)
     size = max(float(expected.abs().max()), 1.0)
-    if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * size):
+    for name in offered[1:]:  # a form must agree with the fused kernel to be measured
+        got = forms[name](*args)
+        if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * size, equal_nan=True):
+            del forms[name]
+    if len(forms) == 1:
         _CHOICES[key] = "fused"
         return "fused"
     samples = choice.measure(forms, args, rounds)
@@ -151,6 +241,8 @@ def _bound(name: str, node: Node, mask: Mask) -> Callable:
     if name == "unfused":
         hidden_rows = mask.hidden_rows
         return lambda q, k, v, *m: unfused(q, k, v, *m, scale=scale, hidden_rows=hidden_rows)
+    if name == "per-head":
+        return PerHead(scale, not mask.dropped, mask.hidden_rows)
     return lambda q, k, v, *m: _attention(q, k, v, *m, scale=scale, causal=False)
 
 

@@ -35,6 +35,8 @@ from . import build
 SOURCE = Path(__file__).with_name("onednn_direct.cpp")
 # Winograd convolutions, compiled in the same module (the same oneDNN, the same helpers)
 WINOGRAD_SOURCE = Path(__file__).with_name("onednn_winograd.cpp")
+# attention head by head on oneDNN's sgemm (codegen/attention.py's "per-head" form)
+ATTENTION_SOURCE = Path(__file__).with_name("onednn_attention.cpp")
 FORMAT = 1
 # epilogue codes of `ow_onednn_conv_create`
 UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5}
@@ -74,7 +76,7 @@ def _locate() -> tuple[Path, str, list[str], list[str], str]:
             raise build.BuildError(f"oneDNN's library is not installed ({needed} is missing; "
                                    f"it comes with the onednn-cpu-gomp and "
                                    f"onednn-devel-cpu-gomp packages)")
-    source = SOURCE.read_text() + "\n" + WINOGRAD_SOURCE.read_text()
+    source = "\n".join(path.read_text() for path in (SOURCE, WINOGRAD_SOURCE, ATTENTION_SOURCE))
     # -fopenmp: omp_get_max_threads, from the libgomp torch and oneDNN share; -O3 and
     # -march=native vectorize bf16x3's split (so the key names the CPU's features)
     flags = ["-O3", "-march=native", "-std=c++17", "-fPIC", "-shared", "-fopenmp",
@@ -111,6 +113,11 @@ def _load() -> ctypes.CDLL:
     lib.ow_winograd_run.argtypes = [ctypes.c_void_p]
     lib.ow_winograd_fallbacks.restype = ctypes.c_int64
     lib.ow_winograd_fallbacks.argtypes = [ctypes.c_void_p]
+    lib.ow_attention_create.restype = ctypes.c_void_p
+    lib.ow_attention_create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_float,
+                                        ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+    lib.ow_attention_destroy.argtypes = [ctypes.c_void_p]
+    lib.ow_attention_run.argtypes = [ctypes.c_void_p]
     return lib
 
 

@@ -1,0 +1,206 @@
+// Attention head by head: the "per-head" form of codegen/attention.py, compiled into the
+// direct oneDNN module (appended to onednn_direct.cpp's text).
+//
+// softmax(scale * q k^T + mask) v for one (batch, head) pair is two small products with
+// a softmax between, and its [lq, lk] scores fit in a core's L2 (ViT-B/16: 197 x 197,
+// 152 KiB). The pairs are split over the thread team; each thread runs oneDNN's sgemm on
+// its pair (single-threaded inside the team), the softmax on the scores while they are in
+// cache, and writes its head of the result straight into [batch, lq, heads, dv]: torch's
+// unfused form made the scores and probabilities as two new tensors per call, ran
+// softmax as a pass of its own, and copied the result once more.
+//
+// The softmax matches torch's: the row's maximum subtracted before exp; a row holding a
+// NaN, or a +inf score, is NaN; a row whose scores are all -inf is NaN, or 0 where the
+// caller asks (a mask hides the row: torch's unfused form in codegen/attention.py does the
+// same). exp is evaluated by Cephes' polynomial (within 2 ulp of expf over softmax's
+// range, 0 below -87.3, where expf's result is subnormal), in a loop the compiler
+// vectorizes: glibc's expf is not.
+#include <oneapi/dnnl/dnnl.h>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+// (a namespace of its own: the module's other files share its anonymous one)
+namespace per_head {
+
+struct Attention {
+  int64_t batch, heads, lq, lk, d, dv;
+  int64_t q[3], k[3], v[3], mask[3];  // strides of batch, head and row; columns are dense
+  float scale;
+  bool masked, zero_hidden_rows;
+};
+
+// A vector register of floats, in GCC's vector extensions: g++ 12 leaves the same loop
+// over floats scalar (its ternaries become branches, and a float's conversion to int
+// stops the vectorizer): 4.5x slower.
+#ifdef __AVX512F__
+constexpr int kLanes = 16;
+#else
+constexpr int kLanes = 8;
+#endif
+typedef float Floats __attribute__((vector_size(4 * kLanes)));
+typedef int32_t Ints __attribute__((vector_size(4 * kLanes)));
+
+constexpr float kExpLow = -87.33654f;  // exp of less is subnormal: 0 here
+
+// exp(x) for x <= 0 or NaN, lane by lane (softmax's arguments, less the row's maximum):
+// Cephes' expf, within 1 ulp
+inline Floats exp_nonpositive(Floats x) {
+  const Floats low = kExpLow - Floats{}, zero = Floats{};
+  Floats c = x > low ? x : low;  // (a NaN becomes `low` here: it is kept below)
+  c = c < zero ? c : zero;
+  // n = round(c / ln 2), in [-126, 0], and exp(c) = 2^n exp(c - n ln 2)
+  const Ints n = __builtin_convertvector(c * 1.44269504088896341f - 0.5f, Ints);
+  const Floats nf = __builtin_convertvector(n, Floats);
+  Floats r = c - nf * 0.693359375f;
+  r = r - nf * -2.12194440e-4f;
+  Floats p = 1.9875691500e-4f + zero;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const Floats two_n = (Floats)((n + 127) << 23);
+  const Floats y = x < low ? zero : p * two_n;
+  return x != x ? x : y;
+}
+
+inline Floats load(const float* from) {
+  Floats v;
+  std::memcpy(&v, from, sizeof v);
+  return v;
+}
+
+inline void store(float* to, Floats v) { std::memcpy(to, &v, sizeof v); }
+
+// The `count` (<= kLanes) values at `from`, the rest of the vector `fill`
+inline Floats load_part(const float* from, int64_t count, float fill) {
+  Floats v = fill + Floats{};
+  std::memcpy(&v, from, count * sizeof(float));
+  return v;
+}
+
+// One row of scores, in place: softmax over `n` values plus the mask's row (or none).
+// Whole vectors are read where they are; the last, partial one is padded with -inf
+// (exp gives 0 there).
+void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
+                 bool zero_hidden) {
+  const int64_t whole = n / kLanes * kLanes, tail = n - whole;
+  const Floats lowest = -__builtin_inff() + Floats{};
+  if (mask) {
+    for (int64_t j = 0; j < n; ++j) x[j] += mask[j];
+  }
+  Floats top = lowest;
+  Ints nan = Ints{};
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const Floats value = load(x + j);
+    top = value > top ? value : top;
+    nan |= value != value;
+  }
+  if (tail) {
+    const Floats value = load_part(x + whole, tail, -__builtin_inff());
+    top = value > top ? value : top;
+    nan |= value != value;
+  }
+  float most = -__builtin_inff();
+  bool any_nan = false;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    most = top[lane] > most ? top[lane] : most;
+    any_nan |= nan[lane] != 0;
+  }
+  if (zero_hidden && most == -__builtin_inff() && !any_nan) {
+    std::memset(x, 0, n * sizeof(float));
+    return;
+  }
+  if (any_nan) most = __builtin_nanf("");  // every value NaN, as torch's softmax gives
+  Floats sums = Floats{};
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const Floats e = exp_nonpositive(load(x + j) - most);
+    store(x + j, e);
+    sums += e;
+  }
+  if (tail) {
+    const Floats e = exp_nonpositive(load_part(x + whole, tail, -__builtin_inff()) - most);
+    std::memcpy(x + whole, &e, tail * sizeof(float));
+    sums += e;
+  }
+  float sum = 0.f;
+  for (int lane = 0; lane < kLanes; ++lane) sum += sums[lane];
+  const Floats inverse = 1.f / sum + Floats{};
+  for (int64_t j = 0; j < whole; j += kLanes) store(x + j, load(x + j) * inverse);
+  for (int64_t j = whole; j < n; ++j) x[j] *= inverse[0];
+}
+
+std::vector<float>& scores_buffer(size_t elements) {
+  thread_local std::vector<float> buffer;
+  if (buffer.size() < elements) buffer.resize(elements);
+  return buffer;
+}
+
+void attend(const Attention& a, const float* q, const float* k, const float* v,
+            const float* mask, float* out) {
+  const int64_t pairs = a.batch * a.heads;
+#pragma omp parallel for schedule(static) if (pairs > 1)
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t b = pair / a.heads, h = pair % a.heads;
+    float* scores = scores_buffer(a.lq * a.lk).data();
+    // scores = scale * q k^T, row-major (k's rows are its keys)
+    dnnl_sgemm('N', 'T', a.lq, a.lk, a.d, a.scale, q + b * a.q[0] + h * a.q[1], a.q[2],
+               k + b * a.k[0] + h * a.k[1], a.k[2], 0.f, scores, a.lk);
+    const float* mask_rows = a.masked ? mask + b * a.mask[0] + h * a.mask[1] : nullptr;
+    for (int64_t r = 0; r < a.lq; ++r) {
+      softmax_row(scores + r * a.lk, mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
+                  a.zero_hidden_rows);
+    }
+    // out[b, :, h, :] = probabilities v, rows of heads * dv
+    dnnl_sgemm('N', 'N', a.lq, a.dv, a.lk, 1.f, scores, a.lk,
+               v + b * a.v[0] + h * a.v[1], a.v[2], 0.f,
+               out + b * a.lq * a.heads * a.dv + h * a.dv, a.heads * a.dv);
+  }
+}
+
+}  // namespace per_head
+
+extern "C" {
+
+// geometry: batch, heads, lq, lk, d, dv, then the strides (elements) of batch, head and
+// row of q, k, v and the mask (0 for a broadcast dimension; ignored without a mask); the
+// last dimension of each is dense. flags: 1 a mask is given, 2 a row it hides entirely is
+// 0 (not NaN).
+void* ow_attention_create(const int64_t* geometry, float scale, int flags, char* error,
+                          int error_size) {
+  try {
+    auto* a = new per_head::Attention();
+    a->batch = geometry[0], a->heads = geometry[1], a->lq = geometry[2], a->lk = geometry[3];
+    a->d = geometry[4], a->dv = geometry[5];
+    for (int i = 0; i < 3; ++i) {
+      a->q[i] = geometry[6 + i], a->k[i] = geometry[9 + i], a->v[i] = geometry[12 + i];
+      a->mask[i] = geometry[15 + i];
+    }
+    a->scale = scale, a->masked = flags & 1, a->zero_hidden_rows = flags & 2;
+    if (a->batch < 1 || a->heads < 1 || a->lq < 1 || a->lk < 1 || a->d < 1 || a->dv < 1) {
+      delete a;
+      throw std::invalid_argument("empty attention");
+    }
+    return a;
+  } catch (const std::exception& err) {
+    message(error, error_size, err.what());
+    return nullptr;
+  }
+}
+
+void ow_attention_destroy(void* handle) { delete static_cast<per_head::Attention*>(handle); }
+
+// args: destination [batch, lq, heads, dv], q, k, v, the handle (an int64 holding the
+// Attention's address), then the mask if one is given.
+void ow_attention_run(void** args) {
+  const auto& a = *reinterpret_cast<per_head::Attention*>(*static_cast<int64_t*>(args[4]));
+  per_head::attend(a, static_cast<const float*>(args[1]), static_cast<const float*>(args[2]),
+         static_cast<const float*>(args[3]),
+         a.masked ? static_cast<const float*>(args[5]) : nullptr, static_cast<float*>(args[0]));
+}
+
+}  // extern "C"
