@@ -102,8 +102,9 @@ class PerHead:
         q, k, v = (_dense_rows(x) for x in (q, k, v))
         operands = [q, k, v]
         mask_strides = (0, 0, 0)
-        if self.masked:
-            mask = _dense_rows(mask.expand(b, h, lq, lk))
+        if self.masked:  # (rows broadcast are read again: stride 0)
+            mask = mask.expand(b, h, lq, lk)
+            mask = mask if mask.stride(-1) == 1 else mask.contiguous()
             operands.append(mask)
             mask_strides = mask.stride()[:3]
         geometry = (b, h, lq, lk, d, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],

@@ -5,20 +5,21 @@
 // a softmax between, and its [lq, lk] scores fit in a core's L2 (ViT-B/16: 197 x 197,
 // 152 KiB). The pairs are split over the thread team; each thread runs oneDNN's sgemm on
 // its pair (single-threaded inside the team), the softmax on the scores while they are in
-// cache, and writes its head of the result straight into [batch, lq, heads, dv]: torch's
-// unfused form made the scores and probabilities as two new tensors per call, ran
-// softmax as a pass of its own, and copied the result once more.
+// cache, and writes its head of the result straight into [batch, lq, heads, dv]. The
+// unfused form (two batched products through torch) made the scores and probabilities as
+// two new tensors per call, ran the softmax as a pass of its own, and copied the result
+// once more.
 //
 // The softmax matches torch's: the row's maximum subtracted before exp; a row holding a
 // NaN, or a +inf score, is NaN; a row whose scores are all -inf is NaN, or 0 where the
-// caller asks (a mask hides the row: torch's unfused form in codegen/attention.py does the
-// same). exp is evaluated by Cephes' polynomial (within 2 ulp of expf over softmax's
-// range, 0 below -87.3, where expf's result is subnormal), in a loop the compiler
-// vectorizes: glibc's expf is not.
+// caller asks (where a mask hides the row, as the unfused form does). exp is Cephes'
+// polynomial, within 1 ulp of expf over softmax's arguments (0 below -87.3, where expf's
+// result is subnormal).
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <vector>
 
@@ -173,7 +174,7 @@ extern "C" {
 void* ow_attention_create(const int64_t* geometry, float scale, int flags, char* error,
                           int error_size) {
   try {
-    auto* a = new per_head::Attention();
+    auto a = std::make_unique<per_head::Attention>();
     a->batch = geometry[0], a->heads = geometry[1], a->lq = geometry[2], a->lk = geometry[3];
     a->d = geometry[4], a->dv = geometry[5];
     for (int i = 0; i < 3; ++i) {
@@ -182,10 +183,12 @@ void* ow_attention_create(const int64_t* geometry, float scale, int flags, char*
     }
     a->scale = scale, a->masked = flags & 1, a->zero_hidden_rows = flags & 2;
     if (a->batch < 1 || a->heads < 1 || a->lq < 1 || a->lk < 1 || a->d < 1 || a->dv < 1) {
-      delete a;
       throw std::invalid_argument("empty attention");
     }
-    return a;
+    if (a->q[2] < a->d || a->k[2] < a->d || a->v[2] < a->dv) {  // what sgemm reads
+      throw std::invalid_argument("rows of q, k or v closer than their length");
+    }
+    return a.release();
   } catch (const std::exception& err) {
     message(error, error_size, err.what());
     return nullptr;
@@ -198,9 +201,9 @@ void ow_attention_destroy(void* handle) { delete static_cast<per_head::Attention
 // Attention's address), then the mask if one is given.
 void ow_attention_run(void** args) {
   const auto& a = *reinterpret_cast<per_head::Attention*>(*static_cast<int64_t*>(args[4]));
+  const auto* mask = a.masked ? static_cast<const float*>(args[5]) : nullptr;
   per_head::attend(a, static_cast<const float*>(args[1]), static_cast<const float*>(args[2]),
-         static_cast<const float*>(args[3]),
-         a.masked ? static_cast<const float*>(args[5]) : nullptr, static_cast<float*>(args[0]));
+                   static_cast<const float*>(args[3]), mask, static_cast<float*>(args[0]));
 }
 
 }  // extern "C"
