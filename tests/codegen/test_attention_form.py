@@ -55,20 +55,24 @@ def test_the_other_forms_match_the_fused_kernel(form, batch, lq, lk, mask, scale
 
 @needs_per_head
 @pytest.mark.parametrize("layout", ["heads split", "contiguous", "columns strided"])
-def test_the_per_head_form_reads_any_layout(layout):
-    """sgemm reads rows in place where the last dimension is dense; else a copy is read.
-    Accuracy against float64 is that of the unfused form (bounded at twice its error)."""
+@pytest.mark.parametrize("lq, lk", [(40, 37), (1, 32), (16, 1)])
+def test_the_per_head_form_reads_any_layout(layout, lq, lk):
+    """sgemm reads rows in place where the last dimension is dense; else a copy is read
+    (a single row's stride is anything, even below its length). Keys of a whole number
+    of vectors, and less than one. Accuracy against float64 is that of the unfused form
+    (bounded at twice its error)."""
     torch.manual_seed(0)
-    b, h, lq, lk, d = 2, 4, 40, 37, 16
+    b, h, d = 2, 4, 16
     q, k, v = _heads(b, lq, h, d), _heads(b, lk, h, d), _heads(b, lk, h, d)
     if layout == "contiguous":
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    elif layout == "columns strided":
+    elif layout == "columns strided":     # (a single row: its stride 1, below its length)
         q, k, v = (x.transpose(2, 3).contiguous().transpose(2, 3) for x in (q, k, v))
     want = torch.softmax(q.double() @ k.double().transpose(2, 3) * 0.25, -1) @ v.double()
     got = attention.PerHead(0.25, masked=False, hidden_rows=False)(q, k, v)
     unfused = attention.unfused(q, k, v, scale=0.25)
-    assert got.stride() == unfused.stride()
+    # laid out as the unfused form's result: [batch, lq, heads, dv] in memory
+    assert got.transpose(1, 2).is_contiguous() and unfused.transpose(1, 2).is_contiguous()
     error = (got.double() - want).abs().max()
     assert error <= 2 * max(float((unfused.double() - want).abs().max()), 1e-7)
 
@@ -97,17 +101,36 @@ def test_the_per_head_form_keeps_nan_and_inf_where_the_unfused_form_does():
 
 
 @needs_per_head
-def test_the_per_head_form_runs_under_any_thread_count():
+def test_the_per_head_form_gives_the_same_result_under_any_thread_count():
+    """Each (batch, head) pair is one thread's whole work: one thread or several, and one
+    pair (whose sgemm may use the team itself) or several, give the same bits."""
     torch.manual_seed(0)
-    q, k, v = _heads(1, 30, 3, 8), _heads(1, 30, 3, 8), _heads(1, 30, 3, 8)
     form = attention.PerHead(0.3, masked=False, hidden_rows=False)
     threads = torch.get_num_threads()
-    first = form(q, k, v)
+    for heads in (3, 1):
+        q, k, v = (_heads(1, 30, heads, 8) for _ in range(3))
+        first = form(q, k, v)
+        try:
+            torch.set_num_threads(1)
+            torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(first, attention.unfused(q, k, v, scale=0.3),
+                                   atol=1e-5, rtol=1e-5)
+
+
+@needs_per_head
+def test_its_output_is_float32_whatever_the_default_dtype():
+    q, k, v = (_heads(1, 6, 2, 8) for _ in range(3))
+    default = torch.get_default_dtype()
     try:
-        torch.set_num_threads(1)
-        torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
+        torch.set_default_dtype(torch.float64)
+        got = attention.PerHead(0.3, masked=False, hidden_rows=False)(q, k, v)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_default_dtype(default)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, attention.unfused(q, k, v, scale=0.3), atol=1e-5,
+                               rtol=1e-5)
 
 
 def _node(causal=False, mask_dtype=None, seq=16, heads=2):

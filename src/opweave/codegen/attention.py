@@ -9,8 +9,8 @@ and the kernel's blocks ran at half the machine's float32 rate: one ViT-B/16 att
 (12 heads, 197 tokens) took 1.3 ms fused, 1.06 unfused and 0.88 per head; BERT-base's
 (128 tokens) 0.47, 0.40 and 0.33 (2 Zen 4 threads). The per-head form runs oneDNN's
 sgemm on one (batch, head) pair per thread at a time and the softmax on its scores while
-they are in L2, and writes its head of the result in place: it allocates nothing and is
-one raw call in a native plan. Which wins depends on the lengths and the machine, so each
+they are in L2, and writes its head of the result in place: it allocates only its result
+(and a buffer per thread, kept) and is one raw call in a native plan. Which wins depends on the lengths and the machine, so each
 shape is measured once at compile time, on operands laid out as models pass them (heads
 split from a product's output: a transposed view), and the choice is kept in the tuning
 database (kind "attention-form") like every measured one. A form must agree with the
@@ -104,29 +104,32 @@ class PerHead:
         mask_strides = (0, 0, 0)
         if self.masked:  # (rows broadcast are read again: stride 0)
             mask = mask.expand(b, h, lq, lk)
-            mask = mask if mask.stride(-1) == 1 else mask.contiguous()
+            mask = mask if mask.stride(-1) == 1 or lk == 1 else mask.contiguous()
             operands.append(mask)
             mask_strides = mask.stride()[:3]
-        geometry = (b, h, lq, lk, d, dv, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3],
-                    *mask_strides)
+        geometry = (b, h, lq, lk, d, dv, *_strides(q), *_strides(k), *_strides(v), *mask_strides)
         context = self._context(geometry)
-        out = torch.empty(b, lq, h, dv)
-        tensors = [out, *operands[:3], context, *operands[3:]]
-        lib = onednn_direct.library()
-        lib.ow_attention_run((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)))
-        from .lower import CppKernel  # a native plan's recorder listens there
-        if CppKernel.recording is not None:
-            CppKernel.recording(ctypes.cast(lib.ow_attention_run, ctypes.c_void_p).value,
-                                tensors)
+        out = torch.empty(b, lq, h, dv, dtype=torch.float32)
+        onednn_direct.run_recorded(onednn_direct.library().ow_attention_run,
+                                   [out, *operands[:3], context, *operands[3:]])
         return out.transpose(1, 2)
 
 
 def _dense_rows(t: torch.Tensor) -> torch.Tensor:
     """`t` itself where sgemm can read its rows in place (the last dimension dense, rows
     no closer than their length), else a contiguous copy."""
-    if t.stride(-1) == 1 and t.stride(-2) >= t.shape[-1]:
+    *_, rows, length = t.shape
+    if (t.stride(-1) == 1 or length == 1) and (t.stride(-2) >= length or rows == 1):
         return t
     return t.contiguous()
+
+
+def _strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """The strides of batch, head and row that sgemm is given: a single row's stride is
+    never read (torch leaves it anything, even less than the row's length), so its
+    length stands in for it."""
+    batch, head, row = t.stride()[:3]
+    return batch, head, row if t.shape[2] > 1 else max(row, t.shape[3])
 
 
 def per_head_problem() -> str | None:
@@ -184,8 +187,9 @@ _CHOICES: dict[tuple, str] = {}  # key -> the form chosen in this process
 def _examples(node: Node, mask: Mask) -> list[torch.Tensor]:
     """Random operands of the node's shapes: query, key and value as heads split from a
     [batch, seq, heads, dim] product output (a transposed view); the mask random, with
-    its first key hidden, and the whole of its first row where it has rows (so that the
-    two forms are compared on a row the mask hides entirely too)."""
+    its first key hidden, and the whole of its first row where it has rows, or of its
+    first sequence where it has batches but no rows (so that the forms are compared on a
+    row the mask hides entirely too)."""
     args = []
     for x in node.inputs[:3]:
         b, h, s, d = x.type.shape
@@ -195,6 +199,8 @@ def _examples(node: Node, mask: Mask) -> list[torch.Tensor]:
         additive[..., 0] = float("-inf")
         if mask.hidden_rows and additive.dim() >= 2 and additive.shape[-2] > 1:
             additive[..., 0, :] = float("-inf")
+        elif mask.hidden_rows and additive.dim() == 4 and additive.shape[0] > 1:
+            additive[0] = float("-inf")  # [batch, 1, 1, keys]: a sequence hidden entirely
         args.append(additive)
     return args
 
@@ -204,7 +210,7 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     """The faster form for this attention here: recorded in the tuning database for this
     machine, or measured now (interleaved runs after two warm-up rounds, the minimum) and
     recorded; within `choice.rechecking`, measured again and decided on the record's
-    samples and the new ones together. The unfused form must agree with the fused one
+    samples and the new ones together. A form must agree with the fused kernel
     first."""
     mask = mask or Mask(node, None)
     key = _key(node, mask)
@@ -219,7 +225,7 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     args = _examples(node, mask)
     forms = {name: _bound(name, node, mask) for name in offered}
     expected = forms["fused"](*args)
-    size = max(float(expected.abs().max()), 1.0)
+    size = max(float(torch.nan_to_num(expected.abs(), nan=0.0, posinf=0.0).max()), 1.0)
     for name in offered[1:]:  # a form must agree with the fused kernel to be measured
         got = forms[name](*args)
         if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * size, equal_nan=True):

@@ -18,6 +18,8 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
@@ -44,6 +46,28 @@ constexpr int kLanes = 8;
 typedef float Floats __attribute__((vector_size(4 * kLanes)));
 typedef int32_t Ints __attribute__((vector_size(4 * kLanes)));
 
+// Lane-wise conversions (truncating to int, as static_cast does); a loop over lanes where
+// the compiler lacks __builtin_convertvector (before GCC 9)
+inline Ints to_ints(Floats v) {
+#if defined(__clang__) || __GNUC__ >= 9
+  return __builtin_convertvector(v, Ints);
+#else
+  Ints out;
+  for (int lane = 0; lane < kLanes; ++lane) out[lane] = static_cast<int32_t>(v[lane]);
+  return out;
+#endif
+}
+
+inline Floats to_floats(Ints v) {
+#if defined(__clang__) || __GNUC__ >= 9
+  return __builtin_convertvector(v, Floats);
+#else
+  Floats out;
+  for (int lane = 0; lane < kLanes; ++lane) out[lane] = static_cast<float>(v[lane]);
+  return out;
+#endif
+}
+
 constexpr float kExpLow = -87.33654f;  // exp of less is subnormal: 0 here
 
 // exp(x) for x <= 0 or NaN, lane by lane (softmax's arguments, less the row's maximum):
@@ -53,8 +77,8 @@ inline Floats exp_nonpositive(Floats x) {
   Floats c = x > low ? x : low;  // (a NaN becomes `low` here: it is kept below)
   c = c < zero ? c : zero;
   // n = round(c / ln 2), in [-126, 0], and exp(c) = 2^n exp(c - n ln 2)
-  const Ints n = __builtin_convertvector(c * 1.44269504088896341f - 0.5f, Ints);
-  const Floats nf = __builtin_convertvector(n, Floats);
+  const Ints n = to_ints(c * 1.44269504088896341f - 0.5f);
+  const Floats nf = to_floats(n);
   Floats r = c - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
   Floats p = 1.9875691500e-4f + zero;
@@ -135,6 +159,8 @@ void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
   for (int64_t j = whole; j < n; ++j) x[j] *= inverse[0];
 }
 
+// One pair's scores, per thread, kept for the next call (no larger than the 16 MiB the
+// Python side lets a whole attention's scores take: attention.UNFUSED_BYTES)
 std::vector<float>& scores_buffer(size_t elements) {
   thread_local std::vector<float> buffer;
   if (buffer.size() < elements) buffer.resize(elements);
@@ -144,22 +170,31 @@ std::vector<float>& scores_buffer(size_t elements) {
 void attend(const Attention& a, const float* q, const float* k, const float* v,
             const float* mask, float* out) {
   const int64_t pairs = a.batch * a.heads;
-#pragma omp parallel for schedule(static) if (pairs > 1)
+  int failures = 0;
+#pragma omp parallel for schedule(static) reduction(+ : failures) if (pairs > 1)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / a.heads, h = pair % a.heads;
     float* scores = scores_buffer(a.lq * a.lk).data();
     // scores = scale * q k^T, row-major (k's rows are its keys)
-    dnnl_sgemm('N', 'T', a.lq, a.lk, a.d, a.scale, q + b * a.q[0] + h * a.q[1], a.q[2],
-               k + b * a.k[0] + h * a.k[1], a.k[2], 0.f, scores, a.lk);
+    failures += dnnl_sgemm('N', 'T', a.lq, a.lk, a.d, a.scale, q + b * a.q[0] + h * a.q[1],
+                           a.q[2], k + b * a.k[0] + h * a.k[1], a.k[2], 0.f, scores,
+                           a.lk) != dnnl_success;
     const float* mask_rows = a.masked ? mask + b * a.mask[0] + h * a.mask[1] : nullptr;
     for (int64_t r = 0; r < a.lq; ++r) {
       softmax_row(scores + r * a.lk, mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
                   a.zero_hidden_rows);
     }
     // out[b, :, h, :] = probabilities v, rows of heads * dv
-    dnnl_sgemm('N', 'N', a.lq, a.dv, a.lk, 1.f, scores, a.lk,
-               v + b * a.v[0] + h * a.v[1], a.v[2], 0.f,
-               out + b * a.lq * a.heads * a.dv + h * a.dv, a.heads * a.dv);
+    failures += dnnl_sgemm('N', 'N', a.lq, a.dv, a.lk, 1.f, scores, a.lk,
+                           v + b * a.v[0] + h * a.v[1], a.v[2], 0.f,
+                           out + b * a.lq * a.heads * a.dv + h * a.dv,
+                           a.heads * a.dv) != dnnl_success;
+  }
+  // arguments checked at creation do not fail; if they do, stopping is better than
+  // returning a result that was never written (as the module's other calls do)
+  if (failures) {
+    std::fprintf(stderr, "opweave: a per-head attention's sgemm failed\n");
+    std::abort();
   }
 }
 

@@ -259,18 +259,23 @@ class _Direct:
     def _call(self, out: torch.Tensor, x: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
         if self._handle is None:
             self._create()
-        tensors = [out, x, self._context, *extra]
-        argv = (ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors))
-        self._runner(argv)
-        from .lower import CppKernel  # a native plan's recorder listens there
-        if CppKernel.recording is not None:
-            CppKernel.recording(self._run, tensors)
+        run_recorded(self._runner, [out, x, self._context, *extra])
         return out
 
     def _checked(self, t: torch.Tensor, shape) -> None:
         if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
             raise ValueError(f"a direct oneDNN {self.kind} built for {shape} float32 on the "
                              f"CPU got {tuple(t.shape)} {t.dtype} on {t.device}")
+
+
+def run_recorded(runner, tensors: list[torch.Tensor]) -> None:
+    """Calls the module's raw function `runner` (`void f(void**)`) on the tensors'
+    pointers, and reports the call to a native plan's recorder where one listens
+    (`CppKernel.recording`), so that the plan calls it itself."""
+    runner((ctypes.c_void_p * len(tensors))(*(t.data_ptr() for t in tensors)))
+    from .lower import CppKernel  # a native plan's recorder listens there
+    if CppKernel.recording is not None:
+        CppKernel.recording(ctypes.cast(runner, ctypes.c_void_p).value, tensors)
 
 
 class DirectConv(_Direct):

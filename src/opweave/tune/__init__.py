@@ -69,7 +69,8 @@ def workload(kind: str, key) -> tuple[str, str]:
 # up to 16 rows gained "cpp-gemv" (codegen/gemv.py). 5: 3x3 convolutions of stride 1
 # gained "onednn-winograd" (codegen/onednn_winograd.cpp).
 # attention-form 2: the unfused form returns 0 for rows its mask hides entirely and
-# counts the copy into the fused kernel's layout.
+# counts the copy into the fused kernel's layout. 3: the "per-head" form
+# (codegen/onednn_attention.cpp).
 REVISIONS = {"library-form": 5, "library-form-by-size-class": 5, "attention-form": 3}
 
 
