@@ -24,12 +24,10 @@ needs_per_head = pytest.mark.skipif(attention.per_head_problem() is not None,
 def _form(name, scale, masked):
     if name == "unfused":
         return lambda q, k, v, m=None: attention.unfused(q, k, v, m, scale=scale)
-    if attention.per_head_problem() is not None:
-        pytest.skip("oneDNN's module is unavailable here")
     return attention.PerHead(scale, masked, hidden_rows=True)
 
 
-@pytest.mark.parametrize("form", ["unfused", "per-head"])
+@pytest.mark.parametrize("form", ["unfused", pytest.param("per-head", marks=needs_per_head)])
 @pytest.mark.parametrize("batch, lq, lk", [(1, 7, 7), (2, 5, 9), (1, 33, 17)])
 @pytest.mark.parametrize("mask", [None, "keys", "per batch", "full"])
 @pytest.mark.parametrize("scale", [0.125, -0.5])
@@ -208,11 +206,10 @@ class _Block(nn.Module):
         return out.transpose(1, 2).reshape(b, s, 32)
 
 
-@pytest.mark.parametrize("form", ["fused", "unfused", "per-head", None])
+@pytest.mark.parametrize("form", ["fused", "unfused",
+                                  pytest.param("per-head", marks=needs_per_head), None])
 def test_a_model_runs_the_chosen_form_and_the_native_plan_replays_it(form, monkeypatch):
     """None: unmeasured (measure=False), the op's own form."""
-    if form == "per-head" and attention.per_head_problem() is not None:
-        pytest.skip("oneDNN's module is unavailable here")
     if form is not None:
         monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None: form)
     python_calls = []

@@ -10,12 +10,12 @@ and the kernel's blocks ran at half the machine's float32 rate: one ViT-B/16 att
 (128 tokens) 0.47, 0.40 and 0.33 (2 Zen 4 threads). The per-head form runs oneDNN's
 sgemm on one (batch, head) pair per thread at a time and the softmax on its scores while
 they are in L2, and writes its head of the result in place: it allocates only its result
-(and a buffer per thread, kept) and is one raw call in a native plan. Which wins depends on the lengths and the machine, so each
-shape is measured once at compile time, on operands laid out as models pass them (heads
-split from a product's output: a transposed view), and the choice is kept in the tuning
-database (kind "attention-form") like every measured one. A form must agree with the
-fused kernel first, on operands with a masked key and a hidden row.
-A mask that is a constant of zeros (what export leaves for ViT) is dropped from every
+(and a buffer per thread, kept) and is one raw call in a native plan. Which wins depends
+on the lengths and the machine, so each shape is measured once at compile time, on
+operands laid out as models pass them (heads split from a product's output: a transposed
+view), and the choice is kept in the tuning database (kind "attention-form") like every
+measured one. A form must agree with the fused kernel first, on operands with a masked
+key and a hidden row. A mask that is a constant of zeros (what export leaves for ViT) is dropped from every
 form; a constant one that hides no row entirely spares the others their check for such
 rows. Causal attention and boolean masks keep the fused kernel, and so do shapes whose
 scores would exceed `UNFUSED_BYTES`.

@@ -229,7 +229,6 @@ class _Direct:
         self._context = torch.tensor([handle], dtype=torch.int64, device="cpu")
         self._lib = lib
         self._runner = getattr(lib, self.runner)
-        self._run = ctypes.cast(self._runner, ctypes.c_void_p).value
         weakref.finalize(self, lib.ow_onednn_destroy, handle)
         self.weight = self.bias = None
         self._handle = handle  # last: a caller that sees it sees the rest
