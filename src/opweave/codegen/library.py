@@ -9,7 +9,8 @@ stay channels-last from one convolution to the next (a residual operand is broug
 that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
-faster; a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
+faster (under precision "bf16" too, on bf16 operands and results, where oneDNN has bf16
+primitives); a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
 its products on the same library (codegen/onednn_winograd.cpp). A linear layer of one row
 also has the form "cpp-gemv", a kernel of opweave's own for products bound by streaming
 their weight (codegen/gemv.py). Under precision "bf16x3" it also has the form
@@ -78,12 +79,12 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         return {}
     out_shape = (ep.last or anchor).outputs[0].type.shape
     low = prec.applies(precision, anchor.op)
-    direct = not low and _direct_fits(anchor, ep) and _direct_offered()
+    direct = _direct_fits(anchor, ep) and (_bf16_direct_offered() if low else _direct_offered())
     split = _bf16x3_offered(precision, anchor, ep)
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
         if direct:
-            found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape)
+            found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape, low=low)
         if not low and _gemv_fits(anchor, ep) and _gemv_offered():
             found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
         if split:
@@ -93,8 +94,8 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
         if _pointwise_conv(anchor) and ep.binary is None:
             found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
         if direct:
-            found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace)
-        if direct and _winograd_fits(graph, anchor, ep) and _winograd_offered():
+            found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace, low=low)
+        if direct and not low and _winograd_fits(graph, anchor, ep) and _winograd_offered():
             found["onednn-winograd"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
                                                     winograd=True)
         if split:
@@ -236,6 +237,13 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     return conv
 
 
+def _bf16_direct_offered() -> bool:
+    """Whether the form "onednn-direct" is offered to a group computing in bf16: where it is
+    in float32, on a CPU where oneDNN's own library has bf16 primitives
+    (`onednn_direct.bf16_problem`; torch's bf16 forms still run where it has none)."""
+    return _direct_offered() and onednn_direct.bf16_problem() is None
+
+
 def _direct_offered() -> bool:
     """Whether the form "onednn-direct" is offered here: oneDNN's library is available,
     and the graph is compiled for one size. A primitive packs its weights for its own
@@ -315,22 +323,22 @@ def _bf16x3_offered(precision: str, anchor: Node, ep: Epilogue) -> bool:
     return problem is None
 
 
-def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1):
+def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1, low: bool = False):
     """The product on oneDNN's own library (codegen/onednn_direct.py), with the bias,
     activation and residual add of `_linear` as post-ops; from three bf16 parts of each
-    operand where `parts` is 3 (bf16x3)."""
+    operand where `parts` is 3 (bf16x3); on bf16 operands, to a bf16 result, where `low`."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     b = _bias_input(anchor, ep)
     bias = None if b is None else constant_of(graph, b).reshape(n)
     binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
     product = onednn_direct.DirectLinear((m, k, n), constant_of(graph, anchor.inputs[1]), bias,
-                                         _direct_unary(ep), binary, parts)
+                                         _direct_unary(ep), binary, parts, low)
 
     def run(x, other=None):
         residual = None if other is None else other.reshape(m, n)
         return [_shaped(product(x, residual), out_shape)]
-    return _unless_reference_only(run, lambda: _linear(graph, anchor, ep, out_shape))
+    return _unless_reference_only(run, lambda: _linear(graph, anchor, ep, out_shape, low))
 
 
 def _direct_geometry(graph, anchor):
@@ -345,10 +353,11 @@ def _direct_geometry(graph, anchor):
 
 
 def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
-                 winograd: bool = False):
+                 winograd: bool = False, low: bool = False):
     """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
-    over a height of 1 as in `_conv`; its primitive is made at its first call. `parts`: as
-    for `_direct_linear`; `winograd`: as Winograd's F(2x2, 3x3) (`_winograd_fits`)."""
+    over a height of 1 as in `_conv`; its primitive is made at its first call. `parts` and
+    `low`: as for `_direct_linear`; `winograd`: as Winograd's F(2x2, 3x3)
+    (`_winograd_fits`)."""
     one_d, weight, geometry = _direct_geometry(graph, anchor)
     bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
     binary = onednn_direct.NO_BINARY if ep.binary is None else \
@@ -357,7 +366,7 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
         conv = onednn_direct.WinogradConv(geometry, weight, bias, _direct_unary(ep), binary)
     else:
         conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary,
-                                        parts)
+                                        parts, low)
 
     def to_2d(t):
         return t.unsqueeze(2) if one_d else t
@@ -367,7 +376,8 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
 
     def run(x, other=None):
         return [finish(conv(to_2d(x), None if other is None else to_2d(other)))]
-    return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace))
+    return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace,
+                                                     low))
 
 
 # the fewest input and output channels a convolution has Winograd's form for: its
@@ -622,8 +632,8 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
-    if not prec.applies(precision, anchor.op) and _direct_fits(anchor, ep) \
-            and not _direct_offered():
+    low = prec.applies(precision, anchor.op)
+    if _direct_fits(anchor, ep) and not (_bf16_direct_offered() if low else _direct_offered()):
         # measured without that form: a choice among fewer forms is another decision (a
         # graph compiled for many sizes must not overwrite what one size chose)
         key += (("without", "onednn-direct"),)

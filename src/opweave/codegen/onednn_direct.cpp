@@ -92,9 +92,14 @@ struct Primitive {
   }
 };
 
-int checked_parts(int parts) {
-  if (parts != 1 && parts != 3) throw std::invalid_argument("parts must be 1 or 3");
-  return parts;
+// What a primitive reads and writes (the create functions' `mode`)
+enum Mode { kFloat32 = 1, kBf16 = 2, kBf16x3 = 3 };
+
+int checked_mode(int mode) {
+  if (mode != kFloat32 && mode != kBf16 && mode != kBf16x3) {
+    throw std::invalid_argument("mode must be 1 (float32), 2 (bf16) or 3 (bf16x3)");
+  }
+  return mode;
 }
 
 void message(char* out, int size, const std::string& text) {
@@ -266,11 +271,13 @@ const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 // geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
 // sides), dilation h/w (torch's convention: 1 = dense). weight: [O, C/groups, KH, KW]
 // contiguous; bias: [O] or null. unary: 0 none, 1 relu, 2 tanh, 3 sigmoid, 4 gelu (erf),
-// 5 gelu (tanh); it applies after the binary epilogue, as torch's post-ops do. parts: 1,
-// or 3 for bf16x3, where the weight is bf16 [O, 6 * C/groups, KH, KW] (its parts in the
-// slots [w0 w1 w2 w0 w1 w0] of each input channel block).
+// 5 gelu (tanh); it applies after the binary epilogue, as torch's post-ops do. mode: 1
+// float32; 2 bf16 (source, weight, destination and residual in bf16; the float32 bias, the
+// sum and the activation computed in float32 and rounded once, on the store); 3 bf16x3,
+// where the weight is bf16 [O, 6 * C/groups, KH, KW] (its parts in the slots
+// [w0 w1 w2 w0 w1 w0] of each input channel block), the source and destination float32.
 void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const float* bias,
-                            int unary, int binary, int parts, char* error, int error_size) {
+                            int unary, int binary, int mode, char* error, int error_size) {
   try {
     const int64_t n = geometry[0], c = geometry[1], h = geometry[2], w = geometry[3];
     const int64_t o = geometry[4], kh = geometry[5], kw = geometry[6], groups = geometry[7];
@@ -282,10 +289,11 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
     if (n < 1 || c < 1 || o < 1 || groups < 1 || c % groups || o % groups || oh < 1 || ow < 1) {
       throw std::invalid_argument("inconsistent convolution geometry");
     }
-    const int64_t slots = checked_parts(parts) == 3 ? 6 : 1;
-    auto f32 = memory::data_type::f32, operands = slots == 6 ? memory::data_type::bf16 : f32;
+    const int64_t slots = checked_mode(mode) == kBf16x3 ? 6 : 1;
+    auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
+    auto operands = mode == kFloat32 ? f32 : bf16, results = mode == kBf16 ? bf16 : f32;
     memory::desc src({n, slots * c, h, w}, operands, tag::nhwc);
-    memory::desc dst({n, o, oh, ow}, f32, tag::nhwc);
+    memory::desc dst({n, o, oh, ow}, results, tag::nhwc);
     const int64_t per_group = slots * c / groups;
     memory::dims weight_dims = groups == 1 ? memory::dims{o, per_group, kh, kw}
                                            : memory::dims{groups, o / groups, per_group, kh, kw};
@@ -314,17 +322,18 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
   }
 }
 
-// geometry: M, K, N. weight: [K, N] row-major; bias: [N] or null; unary, binary and parts
+// geometry: M, K, N. weight: [K, N] row-major; bias: [N] or null; unary, binary and mode
 // as for convolutions (no in-place sum); for bf16x3 the weight is bf16 [6K, N].
 void* ow_onednn_linear_create(const int64_t* geometry, const void* weight, const float* bias,
-                              int unary, int binary, int parts, char* error, int error_size) {
+                              int unary, int binary, int mode, char* error, int error_size) {
   try {
     const int64_t m = geometry[0], k = geometry[1], n = geometry[2];
     if (m < 1 || k < 1 || n < 1) throw std::invalid_argument("empty product");
     if (binary == kSumInPlace) throw std::invalid_argument("no in-place sum for a product");
-    const int64_t slots = checked_parts(parts) == 3 ? 6 : 1;
-    auto f32 = memory::data_type::f32, operands = slots == 6 ? memory::data_type::bf16 : f32;
-    memory::desc src({m, slots * k}, operands, tag::ab), dst({m, n}, f32, tag::ab);
+    const int64_t slots = checked_mode(mode) == kBf16x3 ? 6 : 1;
+    auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
+    auto operands = mode == kFloat32 ? f32 : bf16, results = mode == kBf16 ? bf16 : f32;
+    memory::desc src({m, slots * k}, operands, tag::ab), dst({m, n}, results, tag::ab);
     memory::desc user_weights({slots * k, n}, operands, tag::ab);
     memory::desc any_weights({slots * k, n}, operands, tag::any);
     memory::desc bias_md({1, n}, f32, tag::ab);

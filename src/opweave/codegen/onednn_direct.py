@@ -145,11 +145,22 @@ def bf16x3_problem() -> str | None:
     """Why oneDNN cannot compute bf16x3 products here (None: it can): a CPU without
     AVX-512 has no bf16 primitives in oneDNN 3.2, and its reference ones would be 100-1000x
     slower than float32. Probed once, on a small product."""
+    return _bf16_probe(parts=3, low=False)
+
+
+@functools.lru_cache(maxsize=1)
+def bf16_problem() -> str | None:
+    """Why oneDNN cannot compute products in bf16 here (None: it can), as for
+    `bf16x3_problem`: precision "bf16" then runs on torch's oneDNN forms only."""
+    return _bf16_probe(parts=1, low=True)
+
+
+def _bf16_probe(parts: int, low: bool) -> str | None:
     if library() is None:
         return f"oneDNN's library is unavailable: {unavailable()}"
-    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4), None, parts=3)
+    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4), None, parts=parts, low=low)
     try:
-        probe(torch.zeros(4, 8))
+        probe(torch.zeros(4, 8, dtype=probe.dtype))
     except (RuntimeError, ReferenceOnly) as err:
         return str(err)
     return None
@@ -191,11 +202,13 @@ class _Direct:
     reduction_axis = 0  # the weight's axis its source's values are summed against
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary, binary: int, parts: int = 1):
-        if parts not in (1, 3):
+                 unary, binary: int, parts: int = 1, low: bool = False):
+        if parts not in (1, 3) or (low and parts != 1):
             raise ValueError(f"a direct oneDNN {self.kind} computes from 1 or 3 parts, "
-                             f"not {parts}")
+                             f"and in bf16 from 1, not {parts}")
         self.geometry = tuple(int(g) for g in geometry)
+        # low: operands, result and residual in bfloat16 (precision "bf16"), else float32
+        self.low, self.dtype = low, torch.bfloat16 if low else torch.float32
         # as given (a view of the graph's constant): made contiguous only when packed
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.unary, self.binary, self.parts = UNARY[unary], binary, parts
@@ -235,6 +248,8 @@ class _Direct:
 
     def _library_weight(self) -> torch.Tensor:
         """The weight as the module's create function reads it."""
+        if self.low:
+            return self.weight.to(torch.bfloat16).contiguous()
         weight = self.weight.to(torch.float32).contiguous()
         return bf16x3_weight(weight, self.reduction_axis) if self.parts == 3 else weight
 
@@ -242,8 +257,8 @@ class _Direct:
         return self.geometry
 
     def _mode(self) -> int:
-        """The create function's last integer: the parts (1 or 3)."""
-        return self.parts
+        """The create function's last integer: 1 float32, 2 bf16, 3 bf16x3."""
+        return 2 if self.low else self.parts
 
     def implementation(self) -> str:
         """oneDNN's name for the kernel it runs (made at the first call)."""
@@ -262,8 +277,9 @@ class _Direct:
         return out
 
     def _checked(self, t: torch.Tensor, shape) -> None:
-        if tuple(t.shape) != shape or t.dtype != torch.float32 or t.device.type != "cpu":
-            raise ValueError(f"a direct oneDNN {self.kind} built for {shape} float32 on the "
+        if tuple(t.shape) != shape or t.dtype != self.dtype or t.device.type != "cpu":
+            want = str(self.dtype).removeprefix("torch.")
+            raise ValueError(f"a direct oneDNN {self.kind} built for {shape} {want} on the "
                              f"CPU got {tuple(t.shape)} {t.dtype} on {t.device}")
 
 
@@ -288,8 +304,8 @@ class DirectConv(_Direct):
     reduction_axis = 1  # [O, C/groups, KH, KW]: each group's block of input channels
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY, parts: int = 1):
-        super().__init__(geometry, weight, bias, unary, binary, parts)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False):
+        super().__init__(geometry, weight, bias, unary, binary, parts, low)
         n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
@@ -306,7 +322,7 @@ class DirectConv(_Direct):
         x = self._nhwc(x, self.in_shape)
         if self.binary == SUM_IN_PLACE:
             return self._call(self._nhwc(residual, self.out_shape), x)
-        out = torch.empty(self.out_shape, dtype=torch.float32, device="cpu",
+        out = torch.empty(self.out_shape, dtype=self.dtype, device="cpu",
                           memory_format=torch.channels_last)
         if self.binary == ADD:
             return self._call(out, x, self._nhwc(residual, self.out_shape))
@@ -380,8 +396,8 @@ class DirectLinear(_Direct):
     kind, creator = "linear", "ow_onednn_linear_create"
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY, parts: int = 1):
-        super().__init__(geometry, weight, bias, unary, binary, parts)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False):
+        super().__init__(geometry, weight, bias, unary, binary, parts, low)
         m, k, n = self.geometry
         self.in_shape, self.out_shape = (m, k), (m, n)
 
@@ -390,7 +406,7 @@ class DirectLinear(_Direct):
         return t.contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=torch.float32, device="cpu")
+        out = torch.empty(self.out_shape, dtype=self.dtype, device="cpu")
         x = self._rows(x, self.in_shape)
         if self.binary == ADD:
             return self._call(out, x, self._rows(residual, self.out_shape))
