@@ -211,7 +211,7 @@ class _Block(nn.Module):
 def test_a_model_runs_the_chosen_form_and_the_native_plan_replays_it(form, monkeypatch):
     """None: unmeasured (measure=False), the op's own form."""
     if form is not None:
-        monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None: form)
+        monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None, **_: form)
     python_calls = []
     per_head = attention.PerHead.__call__
     monkeypatch.setattr(attention.PerHead, "__call__",
@@ -302,3 +302,43 @@ def test_a_form_that_disagrees_with_the_fused_kernel_is_not_measured(monkeypatch
         measured.update(forms) or original(forms, *a, **k)))
     assert attention.choose(node) in ("fused", "unfused")
     assert set(measured) == {"fused", "unfused"}
+
+
+def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch):
+    """It is measured beside the float32 forms, without their agreement check (it differs
+    from the float32 kernel by bf16's rounding), and recorded under a key of its own."""
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    _, node = _node(mask_dtype=torch.float32, seq=24)
+    assert attention._offered(node, "bf16") == attention._offered(node) + (attention.LOW_FORM,)
+    mask = attention.Mask(node, None)
+    assert attention._key(node, mask, "bf16") != attention._key(node, mask)
+    measured = {}
+    original = attention.choice.measure
+    monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
+        measured.update(forms) or original(forms, *a, **k)))
+    assert attention.choose(node, precision="bf16") in attention._offered(node, "bf16")
+    assert set(measured) == set(attention._offered(node, "bf16"))
+
+
+@pytest.mark.parametrize("form", [attention.LOW_FORM, "unfused"])
+def test_a_bf16_model_computes_its_attention_in_the_chosen_form(form, monkeypatch):
+    """The bf16 form runs as a bf16 step ("attention [bf16]"); a float32 form that measured
+    faster computes in float32, so the attention is only more accurate."""
+    monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None, **_: form)
+    torch.manual_seed(0)
+    model, x = _Block().eval(), torch.randn(2, 12, 32)
+    mask = torch.zeros(2, 1, 1, 12)
+    mask[1, ..., -3:] = float("-inf")
+    compiled = opweave.compile(model, (x, mask), options=Options(
+        deterministic=True, tuning_db=None, native="off", precision="bf16"))
+    (step,) = [s for g in compiled.program.compiled_graphs for s in g.executor.lowered_steps
+               if s.nodes[0].op == "attention"]
+    if form == attention.LOW_FORM:
+        assert (step.name, step.precision) == ("attention [bf16]", "bf16")
+    else:
+        assert (step.name, step.precision) == ("attention (unfused)", "fp32")
+    with torch.no_grad():
+        got = compiled(x, mask)
+        reference = model.double()(x.double(), mask.double())
+    assert got.dtype == torch.float32
+    assert float((got.double() - reference).norm() / reference.norm()) < 2e-2

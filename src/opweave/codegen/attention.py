@@ -18,7 +18,8 @@ measured one. A form must agree with the fused kernel first, on operands with a 
 key and a hidden row. A mask that is a constant of zeros (what export leaves for ViT) is dropped from every
 form; a constant one that hides no row entirely spares the others their check for such
 rows. Causal attention and boolean masks keep the fused kernel, and so do shapes whose
-scores would exceed `UNFUSED_BYTES`.
+scores would exceed `UNFUSED_BYTES`. Under precision "bf16" the fused kernel on bf16
+operands is one more form, measured beside the float32 ones (docs/precision.md).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from .. import tune
 from ..ir.graph import Node
 from ..ir.ops.linalg import _attention
 from . import choice, onednn_direct
+from . import precision as prec
 
 KIND = "attention-form"  # the tuning database's name for this decision
 # the largest [batch, heads, seq, seq] scores the unfused form holds (with its softmax's
@@ -139,6 +141,10 @@ def per_head_problem() -> str | None:
 
 
 FORMS = ("fused", "unfused", "per-head")  # `_bound` makes each one's call
+# under precision "bf16" also the fused kernel on bf16 operands (the policy's own form);
+# where a float32 form measures faster, the attention computes in float32 (only more
+# accurate), as a library group does
+LOW_FORM = "fused-bf16"
 
 
 def applies(node: Node) -> bool:
@@ -167,18 +173,20 @@ class Mask:
         self.type = None if self.dropped else str(node.inputs[3].type)
 
 
-def _offered(node: Node) -> tuple[str, ...]:
+def _offered(node: Node, precision: str = "fp32") -> tuple[str, ...]:
     """The forms compared for this node here: the per-head form where oneDNN's module is
-    available and query, key and value share their batch and heads."""
+    available and query, key and value share their batch and heads; LOW_FORM under
+    precision "bf16"."""
     q, k, v = (x.type.shape for x in node.inputs[:3])
     fits = q[:2] == k[:2] == v[:2] and k[2] == v[2] and q[3] == k[3]
-    return FORMS if fits and per_head_problem() is None else FORMS[:2]
+    forms = FORMS if fits and per_head_problem() is None else FORMS[:2]
+    return forms + (LOW_FORM,) if prec.applies(precision, node.op) else forms
 
 
-def _key(node: Node, mask: Mask) -> tuple:
+def _key(node: Node, mask: Mask, precision: str = "fp32") -> tuple:
     # (a negative scale makes the fused kernel negate the query first)
     return (tuple(str(x.type) for x in node.inputs[:3]), mask.type, mask.hidden_rows,
-            node.attrs["scale"] < 0, torch.get_num_threads(), _offered(node))
+            node.attrs["scale"] < 0, torch.get_num_threads(), _offered(node, precision))
 
 
 _CHOICES: dict[tuple, str] = {}  # key -> the form chosen in this process
@@ -206,18 +214,18 @@ def _examples(node: Node, mask: Mask) -> list[torch.Tensor]:
 
 
 def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None,
-           rounds: int = 7) -> str:
+           rounds: int = 7, precision: str = "fp32") -> str:
     """The faster form for this attention here: recorded in the tuning database for this
     machine, or measured now (interleaved runs after two warm-up rounds, the minimum) and
     recorded; within `choice.rechecking`, measured again and decided on the record's
-    samples and the new ones together. A form must agree with the fused kernel
-    first."""
+    samples and the new ones together. A float32 form must agree with the fused kernel
+    first (LOW_FORM is that kernel on bf16 operands)."""
     mask = mask or Mask(node, None)
-    key = _key(node, mask)
+    key = _key(node, mask, precision)
     if key in _CHOICES:
         return _CHOICES[key]
     recheck = choice.is_rechecking()
-    offered = _offered(node)
+    offered = _offered(node, precision)
     recalled = None if recheck else tune.recall(KIND, key, offered, db)
     if recalled is not None:
         _CHOICES[key] = recalled[0]
@@ -227,6 +235,8 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     expected = forms["fused"](*args)
     size = max(float(torch.nan_to_num(expected.abs(), nan=0.0, posinf=0.0).max()), 1.0)
     for name in offered[1:]:  # a form must agree with the fused kernel to be measured
+        if name == LOW_FORM:
+            continue
         got = forms[name](*args)
         if not torch.allclose(got, expected, rtol=1e-4, atol=1e-5 * size, equal_nan=True):
             del forms[name]
@@ -250,16 +260,30 @@ def _bound(name: str, node: Node, mask: Mask) -> Callable:
         return lambda q, k, v, *m: unfused(q, k, v, *m, scale=scale, hidden_rows=hidden_rows)
     if name == "per-head":
         return PerHead(scale, not mask.dropped, mask.hidden_rows)
+    if name == LOW_FORM:
+        low = _low_form(scale)
+        return lambda *args: low(*args)[0]
     return lambda q, k, v, *m: _attention(q, k, v, *m, scale=scale, causal=False)
 
 
+def _low_form(scale: float) -> prec.LowPrecisionCall:
+    """The fused kernel on bf16 operands (a float32 mask rounded too), as a step function:
+    its result widened to float32 unless only bf16 steps read it."""
+    return prec.LowPrecisionCall(
+        lambda q, k, v, *m: [_attention(q, k, v, *m, scale=scale, causal=False)])
+
+
 def measured(node: Node, db: tune.TuningDB | None = None,
-             constant_mask: torch.Tensor | None = None) -> tuple[str, Callable, int]:
+             constant_mask: torch.Tensor | None = None,
+             precision: str = "fp32") -> tuple[str, Callable, int]:
     """(the chosen form's name, a step function: its inputs in, [output] out, and how
     many of the node's inputs it takes: 3 where the mask is dropped). `constant_mask`:
     the mask's value where it is a constant of the graph."""
     mask = Mask(node, constant_mask)
-    name = choose(node, db, mask)
+    name = choose(node, db, mask, precision=precision)
+    reads = 3 if mask.dropped else len(node.inputs)
+    if name == LOW_FORM:
+        return name, _low_form(node.attrs["scale"]), reads
     form = _bound(name, node, mask)
-    return name, lambda *args: [form(*args)], 3 if mask.dropped else len(node.inputs)
+    return name, lambda *args: [form(*args)], reads
 

@@ -83,12 +83,16 @@ def gemm_step(node: Node) -> Step:
                 list(node.outputs), [node], "library", "matmul (measured GEMM)")
 
 
-def attention_step(graph: Graph, node: Node) -> Step:
-    """An attention on torch's fused kernel or as two batched products and a softmax,
-    whichever measured faster at its shapes (codegen/attention.py; at compile time,
-    recorded in the active tuning database); a mask of constant zeros is not read."""
+def attention_step(graph: Graph, node: Node, precision: str = "fp32") -> Step:
+    """An attention in whichever of its forms measured faster at its shapes
+    (codegen/attention.py; at compile time, recorded in the active tuning database),
+    under precision "bf16" the fused kernel on bf16 operands among them; a mask of
+    constant zeros is not read."""
     mask = constant_of(graph, node.inputs[3]) if len(node.inputs) == 4 else None
-    name, fn, reads = attention.measured(node, tune.active(), mask)
+    name, fn, reads = attention.measured(node, tune.active(), mask, precision)
+    if name == attention.LOW_FORM:
+        return Step(fn, list(node.inputs[:reads]), list(node.outputs), [node], "op",
+                    f"attention [{precision}]", precision=precision)
     return Step(fn, list(node.inputs[:reads]), list(node.outputs), [node], "op",
                 f"attention ({name})")
 
@@ -162,8 +166,8 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
                 _add_kernel(graph, lowered, pending, nodes, src)
             elif measure and gemm.applies(single) and not prec.applies(precision, single.op):
                 lowered.steps.append(gemm_step(single))
-            elif measure and attention.applies(single) and not prec.applies(precision, single.op):
-                lowered.steps.append(attention_step(graph, single))
+            elif measure and attention.applies(single):
+                lowered.steps.append(attention_step(graph, single, precision))
             else:
                 lowered.steps.append(op_step(single, precision))
             continue
