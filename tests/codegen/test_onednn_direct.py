@@ -31,16 +31,20 @@ def _reference(x, w, b, stride, padding, dilation, groups, unary, residual):
     return y
 
 
-@pytest.mark.parametrize("geometry", [
-    # N, C, H, W, O, K, stride, padding, dilation, groups
+# N, C, H, W, O, K, stride, padding, dilation, groups
+CONV_GEOMETRIES = [
     (1, 16, 9, 9, 8, 3, 1, 1, 1, 1),
     (2, 8, 7, 7, 12, 1, 2, 0, 1, 1),
     (1, 8, 10, 10, 8, 3, 1, 2, 2, 2),
     (1, 3, 15, 15, 16, 7, 2, 3, 1, 1),
-])
-@pytest.mark.parametrize("unary", [None, "relu", ("gelu", "tanh")])
-@pytest.mark.parametrize("binary", [onednn_direct.NO_BINARY, onednn_direct.SUM_IN_PLACE,
-                                    onednn_direct.ADD])
+]
+CONV_UNARIES = [None, "relu", ("gelu", "tanh")]
+CONV_BINARIES = [onednn_direct.NO_BINARY, onednn_direct.SUM_IN_PLACE, onednn_direct.ADD]
+
+
+@pytest.mark.parametrize("geometry", CONV_GEOMETRIES)
+@pytest.mark.parametrize("unary", CONV_UNARIES)
+@pytest.mark.parametrize("binary", CONV_BINARIES)
 def test_matches_torch_conv2d(geometry, unary, binary):
     n, c, h, w, o, k, s, p, d, g = geometry
     torch.manual_seed(0)

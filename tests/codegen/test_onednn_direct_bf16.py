@@ -18,6 +18,8 @@ import opweave
 from opweave import Options
 from opweave.codegen import library, onednn_direct
 
+from .test_onednn_direct import CONV_BINARIES, CONV_GEOMETRIES, CONV_UNARIES
+
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="oneDNN's pip package is for x86-64 Linux")
 BF16 = torch.bfloat16
@@ -55,16 +57,9 @@ def _assert_one_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
         float((got.double() - want).abs().max())
 
 
-@pytest.mark.parametrize("geometry", [
-    # N, C, H, W, O, K, stride, padding, dilation, groups
-    (1, 16, 9, 9, 8, 3, 1, 1, 1, 1),
-    (2, 8, 7, 7, 12, 1, 2, 0, 1, 1),
-    (1, 8, 10, 10, 8, 3, 1, 2, 2, 2),
-    (1, 3, 15, 15, 16, 7, 2, 3, 1, 1),
-])
-@pytest.mark.parametrize("unary", [None, "relu", ("gelu", "tanh")])
-@pytest.mark.parametrize("binary", [onednn_direct.NO_BINARY, onednn_direct.SUM_IN_PLACE,
-                                    onednn_direct.ADD])
+@pytest.mark.parametrize("geometry", CONV_GEOMETRIES)
+@pytest.mark.parametrize("unary", CONV_UNARIES)
+@pytest.mark.parametrize("binary", CONV_BINARIES)
 def test_a_convolution_computes_on_bf16_and_rounds_once(geometry, unary, binary):
     _needs_bf16_primitives()
     n, c, h, w, o, k, s, p, d, g = geometry
