@@ -30,6 +30,7 @@ from .ir.text import parse_graph, print_graph
 from .notices import OpweaveFallbackWarning, warn_once
 from .options import Options, RewriteOptions
 from .codegen import int8
+from .codegen import precision as prec
 from .runtime import Executor, allocator
 from .runtime.executor import copied_from
 from .runtime.cuda_graphs import CudaGraphed
@@ -165,6 +166,11 @@ class PassRun:
                    if self.options.memory_budget is not None else "int8 runs on the CPU")
             self._record(PassReport("placement", 0.0, size, size,
                                     f"placement: all on the cpu ({why})"), None)
+        if precision == "bf16" and not on_gpu and not prec.bf16_supported():
+            warn_once("opweave: precision 'bf16' computes in float32 here: torch's oneDNN has "
+                      "no bf16 on this CPU (it needs AVX-512 BW, AVX-NE-CONVERT or AMX)",
+                      OpweaveFallbackWarning)
+            precision = "fp32"
         if self.options.fusion == "off":
             if quantized:
                 warn_once(f"opweave: {graph.name} computes in float32: int8 runs on fused "

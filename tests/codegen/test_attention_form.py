@@ -8,7 +8,7 @@ from torch import nn
 
 import opweave
 from opweave import Options, tune
-from opweave.codegen import attention
+from opweave.codegen import attention, precision
 from opweave.ir import Graph, TensorType
 from opweave.ir.ops.linalg import _attention
 
@@ -19,6 +19,8 @@ def _heads(b, s, h, d):
 
 needs_per_head = pytest.mark.skipif(attention.per_head_problem() is not None,
                                     reason="oneDNN's module is unavailable here")
+needs_bf16 = pytest.mark.skipif(not precision.bf16_supported(),
+                                reason="torch's oneDNN has no bf16 on this CPU")
 
 
 def _form(name, scale, masked):
@@ -304,9 +306,11 @@ def test_a_form_that_disagrees_with_the_fused_kernel_is_not_measured(monkeypatch
     assert set(measured) == {"fused", "unfused"}
 
 
+@needs_bf16
 def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch):
-    """It is measured beside the float32 forms, without their agreement check (it differs
-    from the float32 kernel by bf16's rounding), and recorded under a key of its own."""
+    """It is measured beside the float32 forms, on operands already in bf16 (as the
+    products before it hand them on), after agreeing with the float32 kernel within bf16's
+    rounding, and recorded under a key of its own."""
     monkeypatch.setattr(attention, "_CHOICES", {})
     _, node = _node(mask_dtype=torch.float32, seq=24)
     assert attention._offered(node, "bf16") == attention._offered(node) + (attention.LOW_FORM,)
@@ -318,8 +322,27 @@ def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch)
         measured.update(forms) or original(forms, *a, **k)))
     assert attention.choose(node, precision="bf16") in attention._offered(node, "bf16")
     assert set(measured) == set(attention._offered(node, "bf16"))
+    operands = measured[attention.LOW_FORM].measured_args(attention._examples(node, mask))
+    assert all(t.dtype == torch.bfloat16 for t in operands)
 
 
+@needs_bf16
+def test_a_bf16_form_that_disagrees_is_not_measured(monkeypatch):
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    _, node = _node(mask_dtype=torch.float32, seq=24)
+    bound = attention._bound
+    monkeypatch.setattr(attention, "_bound", lambda name, node, mask: (
+        (lambda *args: bound(name, node, mask)(*args) * 1.1) if name == attention.LOW_FORM
+        else bound(name, node, mask)))
+    measured = {}
+    original = attention.choice.measure
+    monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
+        measured.update(forms) or original(forms, *a, **k)))
+    assert attention.choose(node, precision="bf16") != attention.LOW_FORM
+    assert attention.LOW_FORM not in measured
+
+
+@needs_bf16
 @pytest.mark.parametrize("form", [attention.LOW_FORM, "unfused"])
 def test_a_bf16_model_computes_its_attention_in_the_chosen_form(form, monkeypatch):
     """The bf16 form runs as a bf16 step ("attention [bf16]"); a float32 form that measured
@@ -337,6 +360,11 @@ def test_a_bf16_model_computes_its_attention_in_the_chosen_form(form, monkeypatc
         assert (step.name, step.precision) == ("attention [bf16]", "bf16")
     else:
         assert (step.name, step.precision) == ("attention (unfused)", "fp32")
+    # the step's own result: rounded to bf16 (every value a bf16 one) only in the bf16 form
+    q, k, v = (_heads(2, 12, 4, 8) for _ in range(3))
+    (out,) = step.fn(q, k, v, mask)
+    rounded = torch.equal(out.float(), out.float().bfloat16().float())
+    assert rounded == (form == attention.LOW_FORM)
     with torch.no_grad():
         got = compiled(x, mask)
         reference = model.double()(x.double(), mask.double())

@@ -56,7 +56,10 @@ def test_matches_torch_conv2d(geometry, unary, binary):
         residual = torch.randn(conv.out_shape).contiguous(memory_format=torch.channels_last)
     want = _reference(x, weight, bias, s, p, d, g, unary, residual)
     given = None if residual is None else residual.clone()
-    got = conv(x) if given is None else conv(x, given)
+    try:
+        got = conv(x) if given is None else conv(x, given)
+    except onednn_direct.ReferenceOnly as err:  # (AVX2: a grouped, dilated one with an add)
+        pytest.skip(f"torch's form runs instead here: {err}")
     assert got.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
     if binary == onednn_direct.SUM_IN_PLACE:
@@ -176,6 +179,10 @@ def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
         "onednn-direct"
     assert choice._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
     assert choice._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
+    # under bf16 a faster float32 reference form is not traded for bf16 within the margin
+    near = {"reference": [1.0], "onednn-direct": [1.02]}
+    assert choice._preferring_direct(near) == "onednn-direct"
+    assert choice._preferring_direct(near, lowered=True) == "reference"
 
 
 def test_a_3d_convolution_is_left_to_torchs_forms():
@@ -219,6 +226,9 @@ def test_a_graph_compiled_for_many_sizes_keeps_its_own_records():
     with shared_constants.sharing(1):
         shared = library.signature(g, anchor, ep)
         assert "onednn-direct" not in library.forms(g, anchor, ep)
+    # (where Winograd's form is withheld, alone says so and shared lets the direct form's
+    # absence say it: `library.signature`)
+    alone = tuple(part for part in alone if part != ("without", "onednn-winograd"))
     assert shared == alone + (("without", "onednn-direct"),)
 
 

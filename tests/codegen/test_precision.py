@@ -17,6 +17,10 @@ from opweave.codegen import library, precision
 from opweave.options import Options
 
 pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
+# torch's oneDNN computes bf16 on CPUs with AVX-512 BW, AVX-NE-CONVERT or AMX; elsewhere
+# "bf16" computes in float32 (test_without_bf16_it_computes_in_float32_and_says_so)
+needs_bf16 = pytest.mark.skipif(not precision.bf16_supported(),
+                                reason="torch's oneDNN has no bf16 on this CPU")
 
 # relative L2 error of a bf16 computation: bf16 keeps 8 significant bits (2^-9 = 2e-3 per
 # rounding); a float32 computation of these sizes stays below 1e-6
@@ -55,6 +59,7 @@ def _compile_and_check(model: nn.Module, inputs: tuple, bf16_steps: int):
     return names["bf16"]
 
 
+@needs_bf16
 def test_linear_layers_and_their_epilogues_run_in_bf16():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
@@ -74,6 +79,7 @@ class _ResidualConv(nn.Module):
         return F.relu(self.conv(y) + y)
 
 
+@needs_bf16
 def test_convolutions_with_residual_run_in_bf16():
     torch.manual_seed(0)
     model = _ResidualConv()
@@ -95,6 +101,7 @@ class _Attention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 10, 32)
 
 
+@needs_bf16
 def test_attention_runs_in_bf16():
     torch.manual_seed(0)
     names = _compile_and_check(_Attention(), (torch.randn(2, 10, 32),), bf16_steps=2)
@@ -111,6 +118,7 @@ def _error_of(compile_fn, model: nn.Module, x: torch.Tensor):
         return _rel_l2(compiled(x), ref), compiled
 
 
+@needs_bf16
 def test_fusion_off_applies_the_policy_to_single_ops():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8))
@@ -122,6 +130,7 @@ def test_fusion_off_applies_the_policy_to_single_ops():
     assert names.count("matmul [bf16]") == 2
 
 
+@needs_bf16
 def test_dynamo_backend_takes_the_precision_option(monkeypatch):
     monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the library form, whichever is faster here
     torch.manual_seed(0)
@@ -132,6 +141,7 @@ def test_dynamo_backend_takes_the_precision_option(monkeypatch):
     assert 10 * FP32_REL_L2 < err < BF16_REL_L2
 
 
+@needs_bf16
 def test_onnx_takes_the_precision_option():
     from ..onnx.helpers import mlp, mlp_reference
 
@@ -174,6 +184,7 @@ def test_an_unknown_precision_is_refused():
         opweave.compile(nn.Linear(2, 2), (torch.randn(1, 2),), precision="fp16")
 
 
+@needs_bf16
 def test_bf16_choices_are_recorded_apart_from_float32_ones():
     from opweave.ir import Graph, TensorType
     from opweave.partition.legality import Epilogue
@@ -197,6 +208,7 @@ def test_units_reads_the_cpus_flags():
     assert precision.units(line.format("avx512_bf16 amx_bf16 amx_tile")) == "AMX bf16 tiles"
 
 
+@needs_bf16
 def test_explain_says_how_many_steps_run_in_bf16(monkeypatch):
     monkeypatch.setenv("OPWEAVE_MEASURE", "0")  # the library form, whichever is faster here
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).eval()
@@ -208,6 +220,7 @@ def test_explain_says_how_many_steps_run_in_bf16(monkeypatch):
                                                    graph_breaks=False))
 
 
+@needs_bf16
 def test_a_result_only_bf16_steps_read_is_handed_on_in_bf16():
     """Linear -> GELU (fused) -> Linear: the first group's result is read only by the second
     (a bf16 step), so it stays bf16 instead of being widened and rounded again; the
@@ -229,3 +242,21 @@ def test_a_result_only_bf16_steps_read_is_handed_on_in_bf16():
                 call.keep_low = frozenset()
         assert got.dtype == torch.float32
         torch.testing.assert_close(got, widened(x), rtol=0, atol=0)
+
+
+def test_without_bf16_it_computes_in_float32_and_says_so(monkeypatch):
+    """Where torch's oneDNN has no bf16 (an AVX2-only CPU: it refuses to pack a bf16
+    weight), the model computes in float32, with one warning, instead of failing."""
+    from opweave import notices
+
+    monkeypatch.setattr(precision, "bf16_supported", lambda: False)
+    monkeypatch.setattr(notices, "_WARNED", set())
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8)).eval()
+    x = torch.randn(4, 16)
+    with pytest.warns(notices.OpweaveFallbackWarning, match="'bf16' computes in float32 here"):
+        compiled = opweave.compile(model, (x,), options=_options("bf16"))
+    names = [s.name for g in compiled.program.compiled_graphs for s in g.executor.lowered_steps]
+    assert not any("[bf16]" in n for n in names)
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

@@ -240,7 +240,7 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
 def _bf16_direct_offered() -> bool:
     """Whether the form "onednn-direct" is offered to a group computing in bf16: where it is
     in float32, on a CPU where oneDNN's own library has bf16 primitives
-    (`onednn_direct.bf16_problem`; torch's bf16 forms still run where it has none)."""
+    (`onednn_direct.bf16_problem`); elsewhere torch's bf16 form is the group's only one."""
     return _direct_offered() and onednn_direct.bf16_problem() is None
 
 

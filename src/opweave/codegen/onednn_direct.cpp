@@ -5,8 +5,8 @@
 // every call. Here a primitive is made once, with its weights reordered into the layout it
 // asked for, and a call only wraps the caller's pointers.
 //
-// Convolutions read and write channels-last (NHWC) float32, as everywhere in opweave's
-// convolutions; linear layers row-major [M, K] x [K, N]. The C interface is for ctypes;
+// Convolutions read and write channels-last (NHWC) float32 (bf16 in mode 2), as everywhere
+// in opweave's convolutions; linear layers row-major [M, K] x [K, N]. The C interface is for ctypes;
 // `ow_onednn_run` has the generated kernels' signature (`void(void**)`), so the native plan
 // calls it like one of them.
 //

@@ -294,7 +294,7 @@ def run_recorded(runner, tensors: list[torch.Tensor]) -> None:
 
 
 class DirectConv(_Direct):
-    """A convolution, NHWC float32 in and out.
+    """A convolution, NHWC float32 in and out (bf16 where `low`).
 
     `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w).
     `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
@@ -388,7 +388,8 @@ def winograd_problem() -> str | None:
 
 
 class DirectLinear(_Direct):
-    """A product [M, K] x [K, N] with a constant weight, row-major float32 in and out.
+    """A product [M, K] x [K, N] with a constant weight, row-major float32 in and out
+    (bf16 where `low`).
 
     `geometry`: (M, K, N); `weight`: [K, N]; `binary`: NO_BINARY or ADD (a residual
     operand [M, N])."""

@@ -2,14 +2,14 @@
 
 "fp32" (the default) computes everything in float32. "bf16": matrix products,
 convolutions and attention read their operands rounded to bfloat16 and accumulate in
-float32 (oneDNN's bf16 primitives, with weights and biases stored in bf16 at compile
-time; torch's bf16 flash-attention kernel, which keeps its softmax in float32). The
-step's result, with its fused epilogue (bias, activation, residual add), is rounded to
-bfloat16 once: widened back to float32 for the steps that compute in float32, handed on
-as it is where only bf16 steps read it. Every other op (norms, softmax outside
-attention, reductions, pointwise kernels) computes in float32 as before, and graph
-inputs and outputs stay float32. A library group whose float32 form measures faster than
-its bf16 form keeps float32 (only more accurate); `explain` counts the bf16 steps.
+float32 (oneDNN's bf16 primitives, with weights stored in bf16 at compile time; torch's
+bf16 flash-attention kernel, which keeps its softmax in float32). The step's result, with
+its fused epilogue (bias, activation, residual add), is rounded to bfloat16 once: widened
+back to float32 for the steps that compute in float32, handed on as it is where only
+bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
+pointwise kernels) computes in float32 as before, and graph inputs and outputs stay
+float32. A library group or attention whose float32 form measures faster than its bf16
+form keeps float32 (only more accurate); `explain` counts the bf16 steps.
 
 "bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
 or convolution with a constant weight may compute from three bf16 parts of each operand,
@@ -18,10 +18,10 @@ six times longer reduction: codegen/onednn_direct.cpp). Six bf16 products pay on
 bf16 runs more than six times float32's rate (AMX tiles), so whether a group splits is
 measured against its float32 forms at its shapes; everything else computes in float32.
 
-On a CPU without bf16 units (AVX2 only) oneDNN still computes bf16 correctly, converting
-in software, and is then slower than float32; `units()` says which units this CPU has.
-There oneDNN 3.2 (the library "bf16x3" runs on) has no bf16 primitives at all, and bf16x3
-computes in float32, said once.
+On a CPU without AVX-512 (AVX2 only) torch's oneDNN refuses bf16 (`bf16_supported`), so
+"bf16" computes in float32 there, said once; oneDNN 3.2 (the library "bf16x3" and the
+direct bf16 form run on) has no bf16 primitives either, and bf16x3 computes in float32,
+said once too. `units()` says which bf16 units this CPU has.
 """
 from __future__ import annotations
 
@@ -102,6 +102,18 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
 def applies(precision: str, op: str) -> bool:
     """Whether a step computing `op` runs in bf16 under `precision`."""
     return precision == "bf16" and op in LOWERED_OPS
+
+
+@lru_cache(maxsize=1)
+def bf16_supported() -> bool:
+    """Whether torch's oneDNN computes bf16 on this CPU. torch 2.13 refuses to pack a bf16
+    weight on an AVX2-only CPU ("bf16 path needs the cpu support avx_ne_convert or
+    avx512bw"), so there a bf16 library form could not even be made: a CPU compile then
+    computes in float32 (`pipeline`, one warning)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 # what "bf16x3" may compute from three bf16 parts: linear layers and convolutions with
