@@ -290,18 +290,29 @@ def test_a_choice_is_kept_for_the_process(monkeypatch):
         attention.choice.measure = original
 
 
-@needs_per_head
-def test_a_form_that_disagrees_with_the_fused_kernel_is_not_measured(monkeypatch):
-    monkeypatch.setattr(attention, "_CHOICES", {})
-    _, node = _node(mask_dtype=torch.float32, seq=24)
-    bound = attention._bound
-    monkeypatch.setattr(attention, "_bound", lambda name, node, mask: (
-        (lambda *args: bound(name, node, mask)(*args) + 1e-3) if name == "per-head"
-        else bound(name, node, mask)))
+def _measured_forms(monkeypatch) -> dict:
+    """The forms `choose` hands to `choice.measure`, filled in as it measures them."""
     measured = {}
     original = attention.choice.measure
     monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
         measured.update(forms) or original(forms, *a, **k)))
+    return measured
+
+
+def _disagreeing(monkeypatch, form: str, spoil) -> None:
+    """`form`'s result spoiled by `spoil`, the other forms as they are."""
+    bound = attention._bound
+    monkeypatch.setattr(attention, "_bound", lambda name, node, mask: (
+        (lambda *args: spoil(bound(name, node, mask)(*args))) if name == form
+        else bound(name, node, mask)))
+
+
+@needs_per_head
+def test_a_form_that_disagrees_with_the_fused_kernel_is_not_measured(monkeypatch):
+    monkeypatch.setattr(attention, "_CHOICES", {})
+    _, node = _node(mask_dtype=torch.float32, seq=24)
+    _disagreeing(monkeypatch, "per-head", lambda out: out + 1e-3)
+    measured = _measured_forms(monkeypatch)
     assert attention.choose(node) in ("fused", "unfused")
     assert set(measured) == {"fused", "unfused"}
 
@@ -316,10 +327,7 @@ def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch)
     assert attention._offered(node, "bf16") == attention._offered(node) + (attention.LOW_FORM,)
     mask = attention.Mask(node, None)
     assert attention._key(node, mask, "bf16") != attention._key(node, mask)
-    measured = {}
-    original = attention.choice.measure
-    monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
-        measured.update(forms) or original(forms, *a, **k)))
+    measured = _measured_forms(monkeypatch)
     assert attention.choose(node, precision="bf16") in attention._offered(node, "bf16")
     assert set(measured) == set(attention._offered(node, "bf16"))
     operands = measured[attention.LOW_FORM].measured_args(attention._examples(node, mask))
@@ -330,14 +338,8 @@ def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch)
 def test_a_bf16_form_that_disagrees_is_not_measured(monkeypatch):
     monkeypatch.setattr(attention, "_CHOICES", {})
     _, node = _node(mask_dtype=torch.float32, seq=24)
-    bound = attention._bound
-    monkeypatch.setattr(attention, "_bound", lambda name, node, mask: (
-        (lambda *args: bound(name, node, mask)(*args) * 1.1) if name == attention.LOW_FORM
-        else bound(name, node, mask)))
-    measured = {}
-    original = attention.choice.measure
-    monkeypatch.setattr(attention.choice, "measure", lambda forms, *a, **k: (
-        measured.update(forms) or original(forms, *a, **k)))
+    _disagreeing(monkeypatch, attention.LOW_FORM, lambda out: out * 1.1)
+    measured = _measured_forms(monkeypatch)
     assert attention.choose(node, precision="bf16") != attention.LOW_FORM
     assert attention.LOW_FORM not in measured
 
