@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import opweave
-from opweave.codegen import choice, int8, library, quantize
+from opweave.codegen import choice, int8, library, onednn_direct, quantize
 from opweave.options import Options
 
 pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
@@ -29,6 +29,29 @@ FP32_REL_L2 = 1e-5
 def _options(**kw) -> Options:
     # measure=False takes the precision's library form, whichever is faster on this machine
     return Options(measure=False, deterministic=True, precision="int8", native="off", **kw)
+
+
+@pytest.fixture(params=["direct", "torch"])
+def int8_form(request, monkeypatch):
+    """Runs a test on each int8 form of its groups: on oneDNN's own primitives
+    ("onednn-int8-direct", which measure=False takes where it is offered; the test fails
+    if none ran) and on torch's int8 ops ("onednn-int8")."""
+    if request.param == "torch":
+        monkeypatch.setattr(library, "_int8_direct_offered", lambda anchor, ep: False)
+        yield request.param
+        return
+    problem = onednn_direct.int8_problem()
+    if problem is not None:
+        pytest.skip(f"oneDNN's library has no int8 primitives on this CPU: {problem}")
+    sources = []
+    run = onednn_direct.run_recorded
+
+    def counted(runner, tensors):
+        sources.append(tensors[1].dtype)
+        run(runner, tensors)
+    monkeypatch.setattr(onednn_direct, "run_recorded", counted)
+    yield request.param
+    assert torch.uint8 in sources, "no direct int8 primitive ran"
 
 
 def _rel_l2(got, reference) -> float:
@@ -123,7 +146,7 @@ def _check_group(model: nn.Module, x: torch.Tensor, simulate, rel: float = 1e-5)
 
 
 @pytest.mark.parametrize("act", ["none", "relu", "gelu", "gelu-tanh", "tanh"])
-def test_a_linear_group_and_its_activation(act):
+def test_a_linear_group_and_its_activation(act, int8_form):
     torch.manual_seed(0)
     fns = {"none": lambda t: t, "relu": F.relu, "gelu": F.gelu, "tanh": torch.tanh,
            "gelu-tanh": lambda t: F.gelu(t, approximate="tanh")}
@@ -143,7 +166,7 @@ def test_a_linear_group_and_its_activation(act):
     assert group.name.endswith("[int8]")
 
 
-def test_a_linear_group_with_a_residual_add():
+def test_a_linear_group_with_a_residual_add(int8_form):
     torch.manual_seed(0)
 
     class Res(nn.Module):
@@ -162,7 +185,7 @@ def test_a_linear_group_with_a_residual_add():
 
 
 @pytest.mark.parametrize("kind", ["3x3", "strided-1x1", "depthwise", "1d"])
-def test_a_convolution_group(kind):
+def test_a_convolution_group(kind, int8_form):
     torch.manual_seed(0)
     if kind == "1d":
         conv, x = nn.Conv1d(16, 24, 5, padding=2), torch.randn(1, 16, 40)
@@ -182,7 +205,7 @@ def test_a_convolution_group(kind):
 
 
 @pytest.mark.parametrize("residual_read_later", [False, True])
-def test_a_convolution_with_a_residual_add(residual_read_later):
+def test_a_convolution_with_a_residual_add(residual_read_later, int8_form):
     """conv + residual + ReLU sums into the residual in place only where nothing reads
     the residual afterwards."""
     torch.manual_seed(0)
@@ -221,7 +244,7 @@ def _cnn():
                          nn.Linear(16 * 8 * 8, 10)).eval()
 
 
-def test_a_cnn_runs_in_int8_within_its_error_and_requantizes_between_groups():
+def test_a_cnn_runs_in_int8_within_its_error_and_requantizes_between_groups(int8_form):
     model, x = _cnn(), torch.randn(1, 3, 8, 8)
     with torch.no_grad():
         compiled = opweave.compile(model, (x,), options=_options())
@@ -287,7 +310,7 @@ def test_without_calibration_the_first_call_calibrates_and_every_call_is_int8(mo
     assert 10 * FP32_REL_L2 < _rel_l2(first, reference) < INT8_REL_L2
 
 
-def test_the_native_plan_replays_the_int8_graph():
+def test_the_native_plan_replays_the_int8_graph(int8_form):
     model, x = _cnn(), torch.randn(1, 3, 8, 8)
     options = Options(measure=False, deterministic=True, precision="int8", native="wait")
     with torch.no_grad():
@@ -476,7 +499,7 @@ class _TwoBlocks(nn.Module):
         return x.mean(dim=(2, 3))
 
 
-def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8():
+def test_residual_sums_run_on_uint8_codes_where_their_result_stays_int8(int8_form):
     """Block a's output feeds only int8 groups, so it sums into its residual (the stem's
     pooled output) as uint8 codes and writes codes; block b's output goes to the average
     pooling, so it writes float32 and so must its residual (the shortcut's output). The
@@ -593,6 +616,16 @@ def test_float32_is_kept_only_where_it_beats_int8_by_the_margin():
     assert choice._preferring_int8(far) == "onednn"          # 12.5% slower: float32
     plain = {"reference": [1.0], "onednn": [0.99]}
     assert choice._preferring_int8(plain) == "onednn"        # no int8 form: the fastest
+
+
+def test_the_direct_int8_form_is_kept_within_its_margin_of_another_int8_form():
+    near = {"onednn": [1.0], "onednn-int8": [0.50], "onednn-int8-direct": [0.51]}
+    assert choice._preferring_int8(near) == "onednn-int8-direct"  # 2% slower: kept
+    far = {"onednn": [1.0], "onednn-int8": [0.50], "onednn-int8-direct": [0.55]}
+    assert choice._preferring_int8(far) == "onednn-int8"          # 10% slower: not
+    # never for float32's sake: float32 far faster than every int8 form stays float32
+    slow = {"onednn": [0.5], "onednn-int8": [0.9], "onednn-int8-direct": [0.91]}
+    assert choice._preferring_int8(slow) == "onednn"
 
 
 class _Residual(nn.Module):

@@ -106,7 +106,7 @@ def test_a_float32_operand_is_refused():
 
 
 def test_bf16_and_three_parts_do_not_combine():
-    with pytest.raises(ValueError, match="in bf16 from 1"):
+    with pytest.raises(ValueError, match="in bf16 or int8 from 1"):
         onednn_direct.DirectLinear((2, 3, 4), torch.randn(3, 4), None, parts=3, low=True)
 
 

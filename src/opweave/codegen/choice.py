@@ -168,14 +168,20 @@ def _preferring_int8(samples: dict[str, list[float]]) -> str:
     unless it is more than INT8_MARGIN slower than it: int8 was asked for, a shared
     machine's noise is about that large, and a group kept in float32 costs more than its
     own time shows (its neighbours then pass float32, not codes, to it and through it: one
-    float32 convolution at a ResNet stage's entry kept the whole stage's sums in float32)."""
+    float32 convolution at a ResNet stage's entry kept the whole stage's sums in float32).
+    Among the int8 forms, "onednn-int8-direct" is taken unless another is more than
+    DIRECT_MARGIN faster, for the reason `_preferring_direct` gives."""
     fastest = {name: min(times) for name, times in samples.items()}
     best = min(fastest, key=fastest.get)
     quantized = [name for name in fastest if name.startswith("onednn-int8")]
     if quantized and best not in quantized:
         fastest_int8 = min(quantized, key=fastest.get)
         if fastest[fastest_int8] <= fastest[best] * (1 + INT8_MARGIN):
-            return fastest_int8
+            best = fastest_int8
+    direct = "onednn-int8-direct"
+    if best in quantized and direct in fastest and \
+            fastest[direct] <= fastest[best] * (1 + DIRECT_MARGIN):
+        return direct  # as `_preferring_direct`: its native call costs less than measured
     return best
 
 

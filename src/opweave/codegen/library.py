@@ -433,10 +433,17 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
         conv = anchor.op == "conv"
         make = _int8_conv if conv else _int8_linear
         codes_in, codes_accum = _codes(graph, anchor, ep)
-        forms = {"onednn-int8": int8.Int8Group(make(graph, anchor, ep, out_shape, inplace),
-                                               fp32, requantizes=conv or ep.binary is None,
-                                               sums=conv and ep.binary is not None,
-                                               codes_in=codes_in, codes_accum=codes_accum)}
+
+        def group(build):
+            return int8.Int8Group(build, fp32, requantizes=conv or ep.binary is None,
+                                  sums=conv and ep.binary is not None, codes_in=codes_in,
+                                  codes_accum=codes_accum)
+        made = make(graph, anchor, ep, out_shape, inplace)
+        forms = {"onednn-int8": group(made)}
+        if _int8_direct_offered(anchor, ep):
+            direct = _int8_direct_conv if conv else _int8_direct_linear
+            forms["onednn-int8-direct"] = group(_unless_int8_reference_only(
+                direct(graph, anchor, ep, out_shape, inplace), made))
         if conv and _pointwise_conv(anchor) and ep.binary is None:
             forms["onednn-int8-gemm"] = int8.Int8Group(
                 _int8_conv_as_linear(graph, anchor, ep, out_shape), fp32, requantizes=True,
@@ -447,6 +454,98 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
         warn_once(f"opweave: a {anchor.op} group ({types}) has no int8 form and computes in "
                   f"float32: {type(err).__name__}: {err}", int8.Int8Warning)
         return {}
+
+
+def _int8_direct_offered(anchor: Node, ep: Epilogue) -> bool:
+    """Whether a static int8 group has the form "onednn-int8-direct": where the direct form
+    is offered to it in float32, on a CPU where oneDNN's own library has int8 primitives
+    (`onednn_direct.int8_problem`)."""
+    return _direct_fits(anchor, ep) and _direct_offered() and onednn_direct.int8_problem() is None
+
+
+def _int8_direct_conv(graph, anchor, ep, out_shape, inplace=False):
+    """The int8 form of a convolution group on oneDNN's own library: `build` as
+    `_int8_conv`'s. Its primitive is made once per set of scales, with the requantization,
+    bias, activation and residual sum fused; a residual it sums into is copied first
+    unless it is dead after the group (`inplace`) or float32 (then the binary add reads
+    it)."""
+    one_d, _, geometry = _direct_geometry(graph, anchor)
+    w = constant_of(graph, anchor.inputs[1])
+    # the very weight and scales torch's int8 form packs (`_int8_conv`)
+    scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
+    qweight = shared_constants.derived("int8-weight", [w], (),
+                                       lambda: quantize.weight_qparams(w)[0])
+    qweight = qweight.unsqueeze(2) if one_d else qweight
+    bias = _conv_bias(graph, anchor)
+    unary = _direct_unary(ep)
+    cl = torch.channels_last
+
+    def to_2d(t):
+        return t.unsqueeze(2) if one_d else t
+
+    def finish(y):
+        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+
+    def build(scale, zero_point, out, accum):
+        to_codes = quantize.Quantizer(scale, zero_point)
+        binary = onednn_direct.NO_BINARY if ep.binary is None else \
+            onednn_direct.SUM_IN_PLACE if inplace or out is not None else onednn_direct.ADD
+        conv = onednn_direct.DirectConv(
+            geometry, qweight, bias, unary, binary,
+            quant=onednn_direct.Int8Quantization(scale, zero_point, scales, out, accum))
+        conv.implementation()  # made now: ReferenceOnly is raised here, not in a call
+
+        def run(x, other=None):
+            x = to_2d(to_codes(x))
+            if other is None:
+                return [finish(conv(x))]
+            acc = to_2d(other)
+            if binary == onednn_direct.SUM_IN_PLACE and not inplace:
+                acc = acc.clone(memory_format=cl)
+            return [finish(conv(x, acc))]
+        return run
+    return build
+
+
+def _int8_direct_linear(graph, anchor, ep, out_shape, inplace=False):
+    """The int8 form of a linear group on oneDNN's own library: `build` as `_int8_linear`'s
+    (a residual it adds is float32, and so is its result then)."""
+    m, k = anchor.inputs[0].type.shape
+    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
+    w = constant_of(graph, anchor.inputs[1])
+    scales = shared_constants.derived("int8-scales-t", [w], (),
+                                      lambda: quantize.weight_qparams(w.t())[1])
+    qweight = quantize.weight_qparams(w.t())[0].t()          # [K, N]
+    b = _bias_input(anchor, ep)
+    bias = None if b is None else constant_of(graph, b).reshape(n)
+    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
+    unary = _direct_unary(ep)
+
+    def build(scale, zero_point, out, accum):
+        to_codes = quantize.Quantizer(scale, zero_point)
+        product = onednn_direct.DirectLinear(
+            (m, k, n), qweight, bias, unary, binary,
+            quant=onednn_direct.Int8Quantization(scale, zero_point, scales, out))
+        product.implementation()
+
+        def run(x, other=None):
+            residual = None if other is None else other.reshape(m, n)
+            return [_shaped(product(to_codes(x), residual), out_shape)]
+        return run
+    return build
+
+
+def _unless_int8_reference_only(direct: Callable, torch_build: Callable) -> Callable:
+    """`direct`'s int8 build, unless its primitive is oneDNN's reference implementation
+    (as `_unless_reference_only`): then torch's int8 form is built, said once."""
+    def build(*qparams):
+        try:
+            return direct(*qparams)
+        except onednn_direct.ReferenceOnly as err:
+            warn_once(f"opweave: {err}; torch's oneDNN int8 form runs instead",
+                      onednn_direct.OneDNNWarning)
+            return torch_build(*qparams)
+    return build
 
 
 @lru_cache(maxsize=1)
@@ -646,6 +745,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
         key += (("without", "onednn-winograd"),)
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
+        if _direct_fits(anchor, ep) and _direct_offered() and _int8_fuses(anchor, ep) \
+                and not _int8_direct_offered(anchor, ep):
+            key += (("without", "onednn-int8-direct"),)
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \

@@ -259,7 +259,8 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = choice.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8", "onednn-bf16x3", "cpp-gemv",
+        chosen = next((c for c in ("onednn-int8-direct", "onednn-int8", "onednn-bf16x3",
+                                   "cpp-gemv",
                                    "onednn-winograd", "onednn-direct", "onednn") if c in candidates), "reference")
     kind = "reference" if chosen == "reference" else "library"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
@@ -274,7 +275,7 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         name += " [winograd]"  # profiles and reports say which convolutions transform
     overwrites = None
     if inplace and chosen in ("onednn", "onednn-direct", "onednn-winograd", "onednn-int8",
-                              "onednn-bf16x3"):
+                              "onednn-int8-direct", "onednn-bf16x3"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]

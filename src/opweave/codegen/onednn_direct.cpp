@@ -78,6 +78,11 @@ struct Primitive {
   // bf16x3: the float32 source is [rows, groups * width] and the primitive reads its
   // parts as bf16 [rows, groups * 6 * width]; rows == 0 for a float32 primitive
   int64_t rows = 0, groups = 1, width = 0;
+  // int8: the weights as the caller gave them (a primitive for another thread count is
+  // made from them: oneDNN's int8 layouts carry compensation terms that are not
+  // reordered between layouts), and the scales and zero points handed to every call
+  memory plain;
+  std::vector<std::pair<int, memory>> quantization;
 
   void set_split(int64_t source_rows, int64_t source_groups, int64_t group_width) {
     rows = source_rows, groups = source_groups, width = group_width;
@@ -87,20 +92,74 @@ struct Primitive {
     if (n == threads) return first;
     std::lock_guard<std::mutex> guard(lock);
     auto found = others.find(n);
-    if (found == others.end()) found = others.emplace(n, build(first.weights)).first;
+    if (found == others.end()) found = others.emplace(n, build(plain ? plain : first.weights)).first;
     return found->second;
   }
 };
 
 // What a primitive reads and writes (the create functions' `mode`)
-enum Mode { kFloat32 = 1, kBf16 = 2, kBf16x3 = 3 };
+enum Mode { kFloat32 = 1, kBf16 = 2, kBf16x3 = 3, kInt8 = 4 };
 
 int checked_mode(int mode) {
-  if (mode != kFloat32 && mode != kBf16 && mode != kBf16x3) {
-    throw std::invalid_argument("mode must be 1 (float32), 2 (bf16) or 3 (bf16x3)");
+  if (mode < kFloat32 || mode > kInt8) {
+    throw std::invalid_argument("mode must be 1 (float32), 2 (bf16), 3 (bf16x3) or 4 (int8)");
   }
   return mode;
 }
+
+// An int8 primitive's quantization, from the create functions' `quant`: {source scale,
+// source zero point, destination scale, destination zero point, whether the destination
+// is uint8 codes (else float32), the accumulator's scale and zero point (the in-place
+// sum's: the residual's codes, or 1 and 0 for float32), then one weight scale per output
+// channel}.
+struct Quantization {
+  float src_scale, dst_scale, sum_scale;
+  int32_t src_zero, dst_zero, sum_zero;
+  bool codes;
+  std::vector<float> weight_scales;
+
+  Quantization(const float* quant, int64_t outputs)
+      : src_scale(quant[0]), dst_scale(quant[2]), sum_scale(quant[5]),
+        src_zero(static_cast<int32_t>(quant[1])), dst_zero(static_cast<int32_t>(quant[3])),
+        sum_zero(static_cast<int32_t>(quant[6])), codes(quant[4] != 0.f),
+        weight_scales(quant + 7, quant + 7 + outputs) {
+    if (!(src_scale > 0.f && dst_scale > 0.f && sum_scale > 0.f)) {
+      throw std::invalid_argument("int8 scales must be positive");
+    }
+  }
+
+  // the attributes' scales and zero points; `weight_mask`: the weight's output-channel axes
+  void describe(dnnl::primitive_attr& attr, int weight_mask) const {
+    attr.set_scales_mask(DNNL_ARG_SRC, 0);
+    attr.set_scales_mask(DNNL_ARG_WEIGHTS, weight_mask);
+    attr.set_zero_points_mask(DNNL_ARG_SRC, 0);
+    if (codes) {
+      attr.set_scales_mask(DNNL_ARG_DST, 0);
+      attr.set_zero_points_mask(DNNL_ARG_DST, 0);
+    }
+  }
+
+  // the runtime arguments matching `describe`
+  std::vector<std::pair<int, memory>> arguments() const {
+    std::vector<std::pair<int, memory>> found;
+    auto scalar = [&](int arg, const void* value, memory::data_type type) {
+      memory m({{1}, type, tag::a}, cpu());
+      std::memcpy(m.get_data_handle(), value, 4);
+      found.emplace_back(arg, m);
+    };
+    scalar(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, &src_scale, memory::data_type::f32);
+    scalar(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, &src_zero, memory::data_type::s32);
+    memory scales({{static_cast<int64_t>(weight_scales.size())}, memory::data_type::f32, tag::a},
+                  cpu());
+    std::memcpy(scales.get_data_handle(), weight_scales.data(), weight_scales.size() * 4);
+    found.emplace_back(DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, scales);
+    if (codes) {
+      scalar(DNNL_ARG_ATTR_SCALES | DNNL_ARG_DST, &dst_scale, memory::data_type::f32);
+      scalar(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_DST, &dst_zero, memory::data_type::s32);
+    }
+    return found;
+  }
+};
 
 void message(char* out, int size, const std::string& text) {
   if (out && size > 0) {
@@ -190,10 +249,15 @@ std::vector<char>& scratchpad(size_t bytes) {
   return buffer;
 }
 
-dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst) {
+dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst,
+                                const Quantization* quant = nullptr, int weight_mask = 0) {
   dnnl::post_ops ops;
   if (binary == kSumInPlace) {
-    ops.append_sum(1.f);
+    if (quant) {
+      ops.append_sum(quant->sum_scale, quant->sum_zero);
+    } else {
+      ops.append_sum(1.f);
+    }
   } else if (binary == kAdd) {
     ops.append_binary(dnnl::algorithm::binary_add, dst);
   } else if (binary != kNone) {
@@ -203,6 +267,7 @@ dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst) 
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (quant) quant->describe(attr, weight_mask);
   return attr;
 }
 
@@ -210,7 +275,8 @@ dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst) 
 // weights (laid out as `given`) reordered into the layout it asked for, and its bias.
 template <typename Kind, typename Made = Primitive, typename Describe>
 Made* finish(Describe describe, const memory::desc& given, const void* weight,
-             const float* bias, int64_t outputs, int binary) {
+             const float* bias, int64_t outputs, int binary,
+             const Quantization* quant = nullptr) {
   auto made = std::make_unique<Made>();
   made->build = [describe](const memory& packed) {
     auto pd = describe();
@@ -233,6 +299,11 @@ Made* finish(Describe describe, const memory::desc& given, const void* weight,
     made->bias = memory(pd.bias_desc(), cpu());
     std::memcpy(made->bias.get_data_handle(), bias, outputs * sizeof(float));
   }
+  if (quant) {
+    made->plain = memory(given, cpu());
+    std::memcpy(made->plain.get_data_handle(), weight, given.get_size());
+    made->quantization = quant->arguments();
+  }
   return made.release();
 }
 
@@ -250,8 +321,28 @@ void execute(Primitive& call, void* source, void* destination, void* residual) {
   if (call.bias) io[DNNL_ARG_BIAS] = call.bias;
   if (residual) io[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
       memory(call.residual, cpu(), residual);
+  for (const auto& [arg, value] : call.quantization) io[arg] = value;
   variant.primitive.execute(stream, io);
   stream.wait();
+}
+
+// The data types of a mode's source, weight and result, and its quantization (int8).
+struct Types {
+  memory::data_type source, weight, result;
+  std::unique_ptr<Quantization> quant;
+};
+
+Types data_types(int mode, const float* quant, int64_t outputs) {
+  using dt = memory::data_type;
+  switch (mode) {
+    case kFloat32: return {dt::f32, dt::f32, dt::f32, nullptr};
+    case kBf16: return {dt::bf16, dt::bf16, dt::bf16, nullptr};
+    case kBf16x3: return {dt::bf16, dt::bf16, dt::f32, nullptr};
+  }
+  if (!quant) throw std::invalid_argument("an int8 primitive needs its quantization");
+  auto q = std::make_unique<Quantization>(quant, outputs);
+  const dt result = q->codes ? dt::u8 : dt::f32;
+  return {dt::u8, dt::s8, result, std::move(q)};
 }
 
 // A primitive made and checked at compile time does not fail on valid pointers; if it
@@ -275,9 +366,13 @@ const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 // float32; 2 bf16 (source, weight, destination and residual in bf16; the float32 bias, the
 // sum and the activation computed in float32 and rounded once, on the store); 3 bf16x3,
 // where the weight is bf16 [O, 6 * C/groups, KH, KW] (its parts in the slots
-// [w0 w1 w2 w0 w1 w0] of each input channel block), the source and destination float32.
+// [w0 w1 w2 w0 w1 w0] of each input channel block), the source and destination float32;
+// 4 int8, where the weight is int8, the source uint8 codes, and `quant` (`Quantization`;
+// null in the other modes) says the scales and whether the destination is codes; a
+// residual of codes is summed in place (the binary add reads float32 only).
 void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const float* bias,
-                            int unary, int binary, int mode, char* error, int error_size) {
+                            int unary, int binary, int mode, const float* quant, char* error,
+                            int error_size) {
   try {
     const int64_t n = geometry[0], c = geometry[1], h = geometry[2], w = geometry[3];
     const int64_t o = geometry[4], kh = geometry[5], kw = geometry[6], groups = geometry[7];
@@ -290,17 +385,20 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
       throw std::invalid_argument("inconsistent convolution geometry");
     }
     const int64_t slots = checked_mode(mode) == kBf16x3 ? 6 : 1;
-    auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
-    auto operands = mode == kFloat32 ? f32 : bf16, results = mode == kBf16 ? bf16 : f32;
-    memory::desc src({n, slots * c, h, w}, operands, tag::nhwc);
-    memory::desc dst({n, o, oh, ow}, results, tag::nhwc);
+    const auto types = data_types(mode, quant, o);
+    if (types.quant && binary == kAdd && types.quant->codes) {
+      throw std::invalid_argument("an int8 convolution writing codes sums in place");
+    }
+    memory::desc src({n, slots * c, h, w}, types.source, tag::nhwc);
+    memory::desc dst({n, o, oh, ow}, types.result, tag::nhwc);
     const int64_t per_group = slots * c / groups;
     memory::dims weight_dims = groups == 1 ? memory::dims{o, per_group, kh, kw}
                                            : memory::dims{groups, o / groups, per_group, kh, kw};
-    memory::desc user_weights(weight_dims, operands, groups == 1 ? tag::oihw : tag::goihw);
-    memory::desc any_weights(weight_dims, operands, tag::any);
-    memory::desc bias_md({o}, f32, tag::a);
-    auto attr = attributes(unary, binary, dst);
+    memory::desc user_weights(weight_dims, types.weight, groups == 1 ? tag::oihw : tag::goihw);
+    memory::desc any_weights(weight_dims, types.weight, tag::any);
+    memory::desc bias_md({o}, memory::data_type::f32, tag::a);
+    // per output channel: the weight's first axis, and its second where grouped
+    auto attr = attributes(unary, binary, dst, types.quant.get(), groups == 1 ? 1 : 3);
     const bool biased = bias != nullptr;
     auto describe = [=]() {
       return biased ? dnnl::convolution_forward::primitive_desc(
@@ -313,7 +411,7 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
                           dilation, padding, padding, attr);
     };
     auto* made = finish<dnnl::convolution_forward>(describe, user_weights, weight, bias, o,
-                                                   binary);
+                                                   binary, types.quant.get());
     if (slots == 6) made->set_split(n * h * w, groups, c / groups);
     return made;
   } catch (const std::exception& err) {
@@ -323,27 +421,32 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
 }
 
 // geometry: M, K, N. weight: [K, N] row-major; bias: [N] or null; unary, binary and mode
-// as for convolutions (no in-place sum); for bf16x3 the weight is bf16 [6K, N].
+// as for convolutions (no in-place sum); for bf16x3 the weight is bf16 [6K, N]; for int8
+// (`quant` as for convolutions) a residual is float32, and so is the destination then.
 void* ow_onednn_linear_create(const int64_t* geometry, const void* weight, const float* bias,
-                              int unary, int binary, int mode, char* error, int error_size) {
+                              int unary, int binary, int mode, const float* quant, char* error,
+                              int error_size) {
   try {
     const int64_t m = geometry[0], k = geometry[1], n = geometry[2];
     if (m < 1 || k < 1 || n < 1) throw std::invalid_argument("empty product");
     if (binary == kSumInPlace) throw std::invalid_argument("no in-place sum for a product");
     const int64_t slots = checked_mode(mode) == kBf16x3 ? 6 : 1;
-    auto f32 = memory::data_type::f32, bf16 = memory::data_type::bf16;
-    auto operands = mode == kFloat32 ? f32 : bf16, results = mode == kBf16 ? bf16 : f32;
-    memory::desc src({m, slots * k}, operands, tag::ab), dst({m, n}, results, tag::ab);
-    memory::desc user_weights({slots * k, n}, operands, tag::ab);
-    memory::desc any_weights({slots * k, n}, operands, tag::any);
-    memory::desc bias_md({1, n}, f32, tag::ab);
-    auto attr = attributes(unary, binary, dst);
+    const auto types = data_types(mode, quant, n);
+    if (types.quant && binary == kAdd && types.quant->codes) {
+      throw std::invalid_argument("an int8 product adding a residual writes float32");
+    }
+    memory::desc src({m, slots * k}, types.source, tag::ab), dst({m, n}, types.result, tag::ab);
+    memory::desc user_weights({slots * k, n}, types.weight, tag::ab);
+    memory::desc any_weights({slots * k, n}, types.weight, tag::any);
+    memory::desc bias_md({1, n}, memory::data_type::f32, tag::ab);
+    auto attr = attributes(unary, binary, dst, types.quant.get(), 1 << 1);  // [K, N]: N
     const bool biased = bias != nullptr;
     auto describe = [=]() {
       return biased ? dnnl::matmul::primitive_desc(cpu(), src, any_weights, bias_md, dst, attr)
                     : dnnl::matmul::primitive_desc(cpu(), src, any_weights, dst, attr);
     };
-    auto* made = finish<dnnl::matmul>(describe, user_weights, weight, bias, n, binary);
+    auto* made = finish<dnnl::matmul>(describe, user_weights, weight, bias, n, binary,
+                                      types.quant.get());
     if (slots == 6) made->set_split(m, 1, k);
     return made;
   } catch (const std::exception& err) {

@@ -25,6 +25,7 @@ import sys
 import threading
 import warnings
 import weakref
+from typing import NamedTuple
 from pathlib import Path
 
 import torch
@@ -100,12 +101,13 @@ def _load() -> ctypes.CDLL:
         build.move_aside(path, "identifies itself with another key")
         raise build.BuildError(f"{path} is not the oneDNN module it should be")
     lib.ow_onednn_variants.argtypes = [ctypes.c_void_p]
-    for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create,
-                   lib.ow_winograd_create):
+    made = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
+            ctypes.c_int, ctypes.c_int]  # geometry, weight, bias, unary, binary, mode
+    for create in (lib.ow_onednn_conv_create, lib.ow_onednn_linear_create):
         create.restype = ctypes.c_void_p
-        create.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p, ctypes.c_void_p,
-                           ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
-                           ctypes.c_int]
+        create.argtypes = made + [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int]
+    lib.ow_winograd_create.restype = ctypes.c_void_p
+    lib.ow_winograd_create.argtypes = made + [ctypes.c_char_p, ctypes.c_int]
     lib.ow_onednn_impl.restype = ctypes.c_char_p
     lib.ow_onednn_impl.argtypes = [ctypes.c_void_p]
     lib.ow_onednn_destroy.argtypes = [ctypes.c_void_p]
@@ -155,6 +157,21 @@ def bf16_problem() -> str | None:
     return _bf16_probe(parts=1, low=True)
 
 
+@functools.lru_cache(maxsize=1)
+def int8_problem() -> str | None:
+    """Why oneDNN cannot compute products in int8 here (None: it can): precision "int8"
+    then runs on torch's oneDNN int8 forms only. Probed once, on a small product."""
+    if library() is None:
+        return f"oneDNN's library is unavailable: {unavailable()}"
+    quant = Int8Quantization(1.0, 0, torch.ones(4))
+    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4, dtype=torch.int8), None, quant=quant)
+    try:
+        probe(torch.zeros(4, 8, dtype=torch.uint8))
+    except (RuntimeError, ReferenceOnly) as err:
+        return str(err)
+    return None
+
+
 def _bf16_probe(parts: int, low: bool) -> str | None:
     if library() is None:
         return f"oneDNN's library is unavailable: {unavailable()}"
@@ -191,6 +208,29 @@ def bf16x3_weight(weight: torch.Tensor, axis: int) -> torch.Tensor:
     return torch.cat([crossed, w1, w2, crossed, w1, w0], dim=axis).contiguous()
 
 
+class Int8Quantization(NamedTuple):
+    """How an int8 primitive (mode 4) reads and writes: its source's uint8 codes at
+    (`scale`, `zero_point`); its weight's scale per output channel (the weight itself
+    given as int8); its result as uint8 codes at `out` = (scale, zero point), or float32
+    where None; a convolution's residual, summed in place, as codes at `accum` (where
+    `out` is given: the sum keeps the residual's type), or float32 where None."""
+
+    scale: float
+    zero_point: int
+    weight_scales: torch.Tensor
+    out: tuple[float, int] | None = None
+    accum: tuple[float, int] | None = None
+
+    def packed(self) -> torch.Tensor:
+        """The create functions' `quant` array (onednn_direct.cpp's `Quantization`)."""
+        if self.accum is not None and self.out is None:
+            raise ValueError("an int8 sum into codes writes codes")
+        out, accum = self.out or (1.0, 0), self.accum or (1.0, 0)
+        head = [self.scale, self.zero_point, *out, float(self.out is not None), *accum]
+        return torch.cat([torch.tensor(head, dtype=torch.float32),
+                          self.weight_scales.to(torch.float32).reshape(-1)]).contiguous()
+
+
 class _Direct:
     """One primitive, made at its first call from the weights it was given (then let go:
     they are packed inside it). Calls report themselves to a native plan's recorder like a
@@ -202,13 +242,21 @@ class _Direct:
     reduction_axis = 0  # the weight's axis its source's values are summed against
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary, binary: int, parts: int = 1, low: bool = False):
-        if parts not in (1, 3) or (low and parts != 1):
+                 unary, binary: int, parts: int = 1, low: bool = False,
+                 quant: Int8Quantization | None = None):
+        if parts not in (1, 3) or ((low or quant) and parts != 1) or (low and quant):
             raise ValueError(f"a direct oneDNN {self.kind} computes from 1 or 3 parts, "
-                             f"and in bf16 from 1, not {parts}")
+                             f"in bf16 or int8 from 1, not {parts}, and not in both")
         self.geometry = tuple(int(g) for g in geometry)
         # low: operands, result and residual in bfloat16 (precision "bf16"), else float32
         self.low, self.dtype = low, torch.bfloat16 if low else torch.float32
+        # int8: uint8 source codes, and a result (and a residual) of codes or float32
+        self.quant = quant
+        self.result_dtype = self.residual_dtype = self.dtype
+        if quant is not None:
+            self.dtype = torch.uint8
+            self.result_dtype = torch.uint8 if quant.out is not None else torch.float32
+            self.residual_dtype = torch.uint8 if quant.accum is not None else torch.float32
         # as given (a view of the graph's constant): made contiguous only when packed
         self.weight, self.bias = weight.detach(), None if bias is None else bias.detach()
         self.unary, self.binary, self.parts = UNARY[unary], binary, parts
@@ -228,9 +276,12 @@ class _Direct:
         create = getattr(lib, self.creator)
         weight, geometry = self._library_weight(), self._library_geometry()
         bias = None if self.bias is None else self.bias.to(torch.float32).contiguous()
+        packed = None if self.quant is None else self.quant.packed()  # alive for the call
+        quant = [] if self.runner != "ow_onednn_run" else \
+            [None if packed is None else packed.data_ptr()]
         handle = create((ctypes.c_int64 * len(geometry))(*geometry),
                         weight.data_ptr(), None if bias is None else bias.data_ptr(),
-                        self.unary, self.binary, self._mode(), error, len(error))
+                        self.unary, self.binary, self._mode(), *quant, error, len(error))
         if not handle:
             raise RuntimeError(f"oneDNN refused the {self.kind} {self.geometry}: "
                                f"{error.value.decode(errors='replace')}")
@@ -248,6 +299,10 @@ class _Direct:
 
     def _library_weight(self) -> torch.Tensor:
         """The weight as the module's create function reads it."""
+        if self.quant is not None:
+            if self.weight.dtype != torch.int8:
+                raise ValueError(f"an int8 {self.kind} takes an int8 weight, not {self.weight.dtype}")
+            return self.weight.contiguous()
         if self.low:
             return self.weight.to(torch.bfloat16).contiguous()
         weight = self.weight.to(torch.float32).contiguous()
@@ -257,8 +312,8 @@ class _Direct:
         return self.geometry
 
     def _mode(self) -> int:
-        """The create function's last integer: 1 float32, 2 bf16, 3 bf16x3."""
-        return 2 if self.low else self.parts
+        """The create function's last integer: 1 float32, 2 bf16, 3 bf16x3, 4 int8."""
+        return 4 if self.quant is not None else 2 if self.low else self.parts
 
     def implementation(self) -> str:
         """oneDNN's name for the kernel it runs (made at the first call)."""
@@ -276,9 +331,10 @@ class _Direct:
         run_recorded(self._runner, [out, x, self._context, *extra])
         return out
 
-    def _checked(self, t: torch.Tensor, shape) -> None:
-        if tuple(t.shape) != shape or t.dtype != self.dtype or t.device.type != "cpu":
-            want = str(self.dtype).removeprefix("torch.")
+    def _checked(self, t: torch.Tensor, shape, dtype: torch.dtype | None = None) -> None:
+        dtype = dtype or self.dtype
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device.type != "cpu":
+            want = str(dtype).removeprefix("torch.")
             raise ValueError(f"a direct oneDNN {self.kind} built for {shape} {want} on the "
                              f"CPU got {tuple(t.shape)} {t.dtype} on {t.device}")
 
@@ -304,15 +360,16 @@ class DirectConv(_Direct):
     reduction_axis = 1  # [O, C/groups, KH, KW]: each group's block of input channels
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False):
-        super().__init__(geometry, weight, bias, unary, binary, parts, low)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False,
+                 quant: Int8Quantization | None = None):
+        super().__init__(geometry, weight, bias, unary, binary, parts, low, quant)
         n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
         ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
         self.in_shape, self.out_shape = (n, c, h, w), (n, o, oh, ow)
 
-    def _nhwc(self, t: torch.Tensor, shape) -> torch.Tensor:
-        self._checked(t, shape)
+    def _nhwc(self, t: torch.Tensor, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        self._checked(t, shape, dtype)
         return t.contiguous(memory_format=torch.channels_last)  # a copy only if not already
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -321,11 +378,11 @@ class DirectConv(_Direct):
         tensor holding the sum."""
         x = self._nhwc(x, self.in_shape)
         if self.binary == SUM_IN_PLACE:
-            return self._call(self._nhwc(residual, self.out_shape), x)
-        out = torch.empty(self.out_shape, dtype=self.dtype, device="cpu",
+            return self._call(self._nhwc(residual, self.out_shape, self.residual_dtype), x)
+        out = torch.empty(self.out_shape, dtype=self.result_dtype, device="cpu",
                           memory_format=torch.channels_last)
         if self.binary == ADD:
-            return self._call(out, x, self._nhwc(residual, self.out_shape))
+            return self._call(out, x, self._nhwc(residual, self.out_shape, self.residual_dtype))
         return self._call(out, x)
 
 
@@ -397,18 +454,19 @@ class DirectLinear(_Direct):
     kind, creator = "linear", "ow_onednn_linear_create"
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
-                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False):
-        super().__init__(geometry, weight, bias, unary, binary, parts, low)
+                 unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False,
+                 quant: Int8Quantization | None = None):
+        super().__init__(geometry, weight, bias, unary, binary, parts, low, quant)
         m, k, n = self.geometry
         self.in_shape, self.out_shape = (m, k), (m, n)
 
-    def _rows(self, t: torch.Tensor, shape) -> torch.Tensor:
-        self._checked(t, shape)
+    def _rows(self, t: torch.Tensor, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
+        self._checked(t, shape, dtype)
         return t.contiguous()
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        out = torch.empty(self.out_shape, dtype=self.dtype, device="cpu")
+        out = torch.empty(self.out_shape, dtype=self.result_dtype, device="cpu")
         x = self._rows(x, self.in_shape)
         if self.binary == ADD:
-            return self._call(out, x, self._rows(residual, self.out_shape))
+            return self._call(out, x, self._rows(residual, self.out_shape, self.residual_dtype))
         return self._call(out, x)

@@ -109,7 +109,7 @@ struct Winograd : Primitive {
     const int64_t geometry[14] = {n, c, h, w, o, 3, 3, 1, 1, 1, pad_h, pad_w, 1, 1};
     char error[512] = "";
     void* made = ow_onednn_conv_create(geometry, weights.data(), bias_values.data(), unary,
-                                       winograd_binary, 1, error, sizeof error);
+                                       winograd_binary, 1, nullptr, error, sizeof error);
     if (!made) throw std::runtime_error(std::string("no direct convolution: ") + error);
     fallback.reset(static_cast<Primitive*>(made));
     return *fallback;

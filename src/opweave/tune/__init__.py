@@ -68,11 +68,12 @@ def workload(kind: str, key) -> tuple[str, str]:
 # "onednn-direct" (oneDNN's own library, codegen/onednn_direct.py). 4: linear layers of
 # up to 16 rows gained "cpp-gemv" (codegen/gemv.py). 5: 3x3 convolutions of stride 1
 # gained "onednn-winograd" (codegen/onednn_winograd.cpp). 6: under precision "bf16",
-# convolutions and linear layers gained "onednn-direct" in bf16.
+# convolutions and linear layers gained "onednn-direct" in bf16. 7: under precision
+# "int8", they gained "onednn-int8-direct" (oneDNN's own int8 primitives).
 # attention-form 2: the unfused form returns 0 for rows its mask hides entirely and
 # counts the copy into the fused kernel's layout. 3: the "per-head" form
 # (codegen/onednn_attention.cpp).
-REVISIONS = {"library-form": 6, "library-form-by-size-class": 6, "attention-form": 3}
+REVISIONS = {"library-form": 7, "library-form-by-size-class": 7, "attention-form": 3}
 
 
 def is_current(record: Record) -> bool:
