@@ -194,6 +194,17 @@ def _as_2d(anchor: Node):
     return one_d, size, padding, stride, dilation
 
 
+def _conv_views(one_d: bool, out_shape):
+    """(to_2d, finish) of a convolution run as 2-D: a 1-D one's operands viewed over a
+    height of 1, and its result viewed back, as the group's output shape."""
+    def to_2d(t):
+        return t.unsqueeze(2) if one_d else t
+
+    def finish(y):
+        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+    return to_2d, finish
+
+
 def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     """A 2-D convolution, or a 1-D one run as 2-D over a height of 1 (oneDNN packs only
     2-D and 3-D weights); a transposed [N, L, C] input viewed that way is channels-last
@@ -207,12 +218,7 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
                          weight.contiguous().unsqueeze(2) if one_d else weight.contiguous(),
                          *geometry, size))
     cl = torch.channels_last
-
-    def to_2d(t):
-        return t.unsqueeze(2) if one_d else t
-
-    def finish(y):
-        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+    to_2d, finish = _conv_views(one_d, out_shape)
 
     if ep.binary is not None:
         unary = ep.unary.op if ep.unary is not None else None
@@ -368,11 +374,7 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
         conv = onednn_direct.DirectConv(geometry, weight, bias, _direct_unary(ep), binary,
                                         parts, low)
 
-    def to_2d(t):
-        return t.unsqueeze(2) if one_d else t
-
-    def finish(y):
-        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+    to_2d, finish = _conv_views(one_d, out_shape)
 
     def run(x, other=None):
         return [finish(conv(to_2d(x), None if other is None else to_2d(other)))]
@@ -441,9 +443,8 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
         made = make(graph, anchor, ep, out_shape, inplace)
         forms = {"onednn-int8": group(made)}
         if _int8_direct_offered(anchor, ep):
-            direct = _int8_direct_conv if conv else _int8_direct_linear
-            forms["onednn-int8-direct"] = group(_unless_int8_reference_only(
-                direct(graph, anchor, ep, out_shape, inplace), made))
+            forms["onednn-int8-direct"] = group(_int8_direct_or_torch(
+                graph, anchor, ep, out_shape, inplace, made))
         if conv and _pointwise_conv(anchor) and ep.binary is None:
             forms["onednn-int8-gemm"] = int8.Int8Group(
                 _int8_conv_as_linear(graph, anchor, ep, out_shape), fp32, requantizes=True,
@@ -470,21 +471,12 @@ def _int8_direct_conv(graph, anchor, ep, out_shape, inplace=False):
     unless it is dead after the group (`inplace`) or float32 (then the binary add reads
     it)."""
     one_d, _, geometry = _direct_geometry(graph, anchor)
-    w = constant_of(graph, anchor.inputs[1])
-    # the very weight and scales torch's int8 form packs (`_int8_conv`)
-    scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
-    qweight = shared_constants.derived("int8-weight", [w], (),
-                                       lambda: quantize.weight_qparams(w)[0])
+    qweight, scales = _int8_weight(graph, anchor)  # those torch's int8 form packs
     qweight = qweight.unsqueeze(2) if one_d else qweight
     bias = _conv_bias(graph, anchor)
     unary = _direct_unary(ep)
     cl = torch.channels_last
-
-    def to_2d(t):
-        return t.unsqueeze(2) if one_d else t
-
-    def finish(y):
-        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+    to_2d, finish = _conv_views(one_d, out_shape)
 
     def build(scale, zero_point, out, accum):
         to_codes = quantize.Quantizer(scale, zero_point)
@@ -507,15 +499,13 @@ def _int8_direct_conv(graph, anchor, ep, out_shape, inplace=False):
     return build
 
 
-def _int8_direct_linear(graph, anchor, ep, out_shape, inplace=False):
+def _int8_direct_linear(graph, anchor, ep, out_shape):
     """The int8 form of a linear group on oneDNN's own library: `build` as `_int8_linear`'s
     (a residual it adds is float32, and so is its result then)."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
-    w = constant_of(graph, anchor.inputs[1])
-    scales = shared_constants.derived("int8-scales-t", [w], (),
-                                      lambda: quantize.weight_qparams(w.t())[1])
-    qweight = quantize.weight_qparams(w.t())[0].t()          # [K, N]
+    qweight, scales = _int8_weight(graph, anchor)
+    qweight = qweight.t()                                    # [K, N]
     b = _bias_input(anchor, ep)
     bias = None if b is None else constant_of(graph, b).reshape(n)
     binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
@@ -535,15 +525,28 @@ def _int8_direct_linear(graph, anchor, ep, out_shape, inplace=False):
     return build
 
 
-def _unless_int8_reference_only(direct: Callable, torch_build: Callable) -> Callable:
-    """`direct`'s int8 build, unless its primitive is oneDNN's reference implementation
-    (as `_unless_reference_only`): then torch's int8 form is built, said once."""
+def _int8_direct_or_torch(graph, anchor, ep, out_shape, inplace, torch_build) -> Callable:
+    """The direct int8 form's `build`, which builds torch's int8 form instead (said once)
+    where the direct one cannot be made: its primitive is oneDNN's reference
+    implementation (`ReferenceOnly`, 100-1000x slower), or oneDNN refuses it. The group
+    keeps an int8 form either way."""
+    def warned(err: Exception):
+        types = ", ".join(str(v.type) for v in anchor.inputs)
+        warn_once(f"opweave: a {anchor.op} group ({types}) has no direct int8 form "
+                  f"({type(err).__name__}: {err}); torch's oneDNN int8 form runs instead",
+                  onednn_direct.OneDNNWarning)
+    try:
+        direct = _int8_direct_conv(graph, anchor, ep, out_shape, inplace) \
+            if anchor.op == "conv" else _int8_direct_linear(graph, anchor, ep, out_shape)
+    except (RuntimeError, ValueError) as err:
+        warned(err)
+        return torch_build
+
     def build(*qparams):
         try:
             return direct(*qparams)
-        except onednn_direct.ReferenceOnly as err:
-            warn_once(f"opweave: {err}; torch's oneDNN int8 form runs instead",
-                      onednn_direct.OneDNNWarning)
+        except (onednn_direct.ReferenceOnly, RuntimeError, ValueError) as err:
+            warned(err)
             return torch_build(*qparams)
     return build
 
@@ -585,16 +588,28 @@ def _conv_bias(graph, anchor) -> torch.Tensor | None:
         if len(anchor.inputs) > 2 else None
 
 
+def _int8_weight(graph, anchor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 weight, scale per output channel) of a convolution ([O, C/groups, ...]) or
+    linear layer ([N, K]: the [K, N] weight transposed), quantized once for every form of
+    a sharing scope that reads it."""
+    w = constant_of(graph, anchor.inputs[1])
+    linear = anchor.op == "matmul"
+    suffix = "-t" if linear else ""
+
+    def qparams():
+        return quantize.weight_qparams(w.t() if linear else w)
+    return (shared_constants.derived("int8-weight" + suffix, [w], (), lambda: qparams()[0]),
+            shared_constants.derived("int8-scales" + suffix, [w], (), lambda: qparams()[1]))
+
+
 def _int8_linear_parts(graph, anchor, ep):
     """(rows, columns, packed int8 weight, its scales, zero points, bias) of a linear group."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     w = constant_of(graph, anchor.inputs[1])
-    scales = shared_constants.derived("int8-scales-t", [w], (),
-                                      lambda: quantize.weight_qparams(w.t())[1])
+    qweight, scales = _int8_weight(graph, anchor)
     packed = shared_constants.derived(
-        "qlinear-pack", [w], (m,),
-        lambda: torch.ops.onednn.qlinear_prepack(quantize.weight_qparams(w.t())[0], [m, k]))
+        "qlinear-pack", [w], (m,), lambda: torch.ops.onednn.qlinear_prepack(qweight, [m, k]))
     bias = None
     if ep.bias is not None:
         b = next(v for v in ep.bias.inputs if v is not anchor.outputs[0])
@@ -631,12 +646,10 @@ def _int8_conv_as_linear(graph, anchor, ep, out_shape):
     _, c, h, w = anchor.inputs[0].type.shape
     o = anchor.inputs[1].type.shape[0]
     weight = constant_of(graph, anchor.inputs[1])
-    scales = shared_constants.derived("int8-scales", [weight], (),
-                                      lambda: quantize.weight_qparams(weight)[1])
+    qweight, scales = _int8_weight(graph, anchor)
     packed = shared_constants.derived(
         "qlinear-pack-1x1", [weight], (h * w,),
-        lambda: torch.ops.onednn.qlinear_prepack(
-            quantize.weight_qparams(weight)[0].reshape(o, c), [h * w, c]))
+        lambda: torch.ops.onednn.qlinear_prepack(qweight.reshape(o, c), [h * w, c]))
     zero_points = torch.zeros(o, dtype=torch.long)
     bias = _conv_bias(graph, anchor)
     attr, scalars, algorithm = _unary(ep)
@@ -687,16 +700,10 @@ def _int8_conv(graph, anchor, ep, out_shape, inplace=False):
     bias = _conv_bias(graph, anchor)
     one_d, size, padding, stride, dilation = _as_2d(anchor)
     groups = anchor.attrs["groups"]
-    scales = shared_constants.derived("int8-scales", [w], (), lambda: quantize.weight_qparams(w)[1])
-    qweight = shared_constants.derived("int8-weight", [w], (), lambda: quantize.weight_qparams(w)[0])
+    qweight, scales = _int8_weight(graph, anchor)
     zero_points = torch.zeros(w.shape[0], dtype=torch.long)
     cl = torch.channels_last
-
-    def to_2d(t):
-        return t.unsqueeze(2) if one_d else t
-
-    def finish(y):
-        return _shaped(y.squeeze(2) if one_d else y, out_shape)
+    to_2d, finish = _conv_views(one_d, out_shape)
 
     def build(scale, zero_point, out, accum):
         packed = torch.ops.onednn.qconv_prepack(

@@ -239,6 +239,7 @@ class _Direct:
 
     kind = ""  # "conv" | "linear" | "Winograd conv", for messages
     creator, runner = "", "ow_onednn_run"  # the module's functions that make and run it
+    quantizes = True  # whether the create function takes int8's `quant` (mode 4)
     reduction_axis = 0  # the weight's axis its source's values are summed against
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -254,6 +255,7 @@ class _Direct:
         self.quant = quant
         self.result_dtype = self.residual_dtype = self.dtype
         if quant is not None:
+            self._check_quantization(quant, binary)
             self.dtype = torch.uint8
             self.result_dtype = torch.uint8 if quant.out is not None else torch.float32
             self.residual_dtype = torch.uint8 if quant.accum is not None else torch.float32
@@ -262,6 +264,21 @@ class _Direct:
         self.unary, self.binary, self.parts = UNARY[unary], binary, parts
         self._handle: int | None = None
         self._context: torch.Tensor | None = None
+
+    def _outputs(self) -> int:
+        """Its output channels (a convolution's) or columns (a product's)."""
+        raise NotImplementedError
+
+    def _check_quantization(self, quant: Int8Quantization, binary: int) -> None:
+        """Refuses what the primitive would misread: a scale per output channel missing,
+        or a sum in place into a residual of another type than the result (oneDNN's sum
+        keeps the destination's type)."""
+        if quant.weight_scales.numel() != self._outputs():
+            raise ValueError(f"an int8 {self.kind} with {self._outputs()} outputs got "
+                             f"{quant.weight_scales.numel()} weight scales")
+        if binary == SUM_IN_PLACE and (quant.out is None) != (quant.accum is None):
+            raise ValueError(f"an int8 {self.kind} summing in place writes its residual's "
+                             "type: codes in and out, or float32 in and out")
 
     def _create(self) -> None:
         lib = library()
@@ -277,8 +294,7 @@ class _Direct:
         weight, geometry = self._library_weight(), self._library_geometry()
         bias = None if self.bias is None else self.bias.to(torch.float32).contiguous()
         packed = None if self.quant is None else self.quant.packed()  # alive for the call
-        quant = [] if self.runner != "ow_onednn_run" else \
-            [None if packed is None else packed.data_ptr()]
+        quant = [None if packed is None else packed.data_ptr()] if self.quantizes else []
         handle = create((ctypes.c_int64 * len(geometry))(*geometry),
                         weight.data_ptr(), None if bias is None else bias.data_ptr(),
                         self.unary, self.binary, self._mode(), *quant, error, len(error))
@@ -359,6 +375,9 @@ class DirectConv(_Direct):
     kind, creator = "conv", "ow_onednn_conv_create"
     reduction_axis = 1  # [O, C/groups, KH, KW]: each group's block of input channels
 
+    def _outputs(self) -> int:
+        return self.geometry[4]
+
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False,
                  quant: Int8Quantization | None = None):
@@ -404,6 +423,7 @@ class WinogradConv(DirectConv):
     but not as accurate)."""
 
     kind, creator, runner = "Winograd conv", "ow_winograd_create", "ow_winograd_run"
+    quantizes = False
     tile = 2  # the output tile: the create function's last integer
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -452,6 +472,9 @@ class DirectLinear(_Direct):
     operand [M, N])."""
 
     kind, creator = "linear", "ow_onednn_linear_create"
+
+    def _outputs(self) -> int:
+        return self.geometry[2]
 
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False,
