@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from opweave.codegen import onednn_direct, quantize
 
 from .test_onednn_direct import CONV_GEOMETRIES
+from .test_onednn_direct_bf16 import _epilogue
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="oneDNN's pip package is for x86-64 Linux")
@@ -37,16 +38,6 @@ def _codes(t: torch.Tensor) -> tuple[torch.Tensor, float, int]:
 
 def _values(codes: torch.Tensor, scale: float, zero_point: int) -> torch.Tensor:
     return (codes.double() - zero_point) * scale
-
-
-def _epilogue(y: torch.Tensor, unary) -> torch.Tensor:
-    if unary == "relu":
-        return y.relu()
-    if unary == "tanh":
-        return y.tanh()
-    if isinstance(unary, tuple):
-        return F.gelu(y, approximate=unary[1])
-    return y
 
 
 def _assert_result(got: torch.Tensor, want: torch.Tensor, out) -> None:
@@ -100,7 +91,7 @@ def test_conv_matches_its_float64_simulation(geometry, unary, residual, writes_c
             residual_value = r.double()
         acc = r.clone(memory_format=CL)
         want = want + residual_value
-    want = _epilogue(want, unary)
+    want = _epilogue(want, unary, None)
     out = None
     if writes_codes:
         low, high = float(want.min()), float(want.max())
@@ -135,7 +126,7 @@ def test_linear_matches_its_float64_simulation(unary, residual, writes_codes):
     other = torch.randn(m, n) if residual else None
     if residual:
         want = want + other.double()
-    want = _epilogue(want, unary)
+    want = _epilogue(want, unary, None)
     out = quantize.activation_qparams(float(want.min()), float(want.max()),
                                       quantize.activation_qmax()) if writes_codes else None
     product = onednn_direct.DirectLinear(
