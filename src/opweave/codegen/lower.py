@@ -259,9 +259,9 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = choice.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        chosen = next((c for c in ("onednn-int8-direct", "onednn-int8", "onednn-bf16x3",
-                                   "cpp-gemv",
-                                   "onednn-winograd", "onednn-direct", "onednn") if c in candidates), "reference")
+        preferred = ("onednn-int8-direct", "onednn-int8", "onednn-bf16x3", "cpp-gemv",
+                     "onednn-winograd", "onednn-direct", "onednn")
+        chosen = next((c for c in preferred if c in candidates), "reference")
     kind = "reference" if chosen == "reference" else "library"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"

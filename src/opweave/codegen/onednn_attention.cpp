@@ -46,24 +46,15 @@ constexpr int kLanes = 8;
 typedef float Floats __attribute__((vector_size(4 * kLanes)));
 typedef int32_t Ints __attribute__((vector_size(4 * kLanes)));
 
-// Lane-wise conversions (truncating to int, as static_cast does); a loop over lanes where
-// the compiler lacks __builtin_convertvector (before GCC 9)
-inline Ints to_ints(Floats v) {
+// A lane-wise conversion (to int truncating, as static_cast does); a loop over lanes
+// where the compiler lacks __builtin_convertvector (before GCC 9)
+template <typename To, typename From>
+inline To converted(From v) {
 #if defined(__clang__) || __GNUC__ >= 9
-  return __builtin_convertvector(v, Ints);
+  return __builtin_convertvector(v, To);
 #else
-  Ints out;
-  for (int lane = 0; lane < kLanes; ++lane) out[lane] = static_cast<int32_t>(v[lane]);
-  return out;
-#endif
-}
-
-inline Floats to_floats(Ints v) {
-#if defined(__clang__) || __GNUC__ >= 9
-  return __builtin_convertvector(v, Floats);
-#else
-  Floats out;
-  for (int lane = 0; lane < kLanes; ++lane) out[lane] = static_cast<float>(v[lane]);
+  To out;
+  for (int lane = 0; lane < kLanes; ++lane) out[lane] = v[lane];
   return out;
 #endif
 }
@@ -77,8 +68,8 @@ inline Floats exp_nonpositive(Floats x) {
   Floats c = x > low ? x : low;  // (a NaN becomes `low` here: it is kept below)
   c = c < zero ? c : zero;
   // n = round(c / ln 2), in [-126, 0], and exp(c) = 2^n exp(c - n ln 2)
-  const Ints n = to_ints(c * 1.44269504088896341f - 0.5f);
-  const Floats nf = to_floats(n);
+  const Ints n = converted<Ints>(c * 1.44269504088896341f - 0.5f);
+  const Floats nf = converted<Floats>(n);
   Floats r = c - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
   Floats p = 1.9875691500e-4f + zero;

@@ -147,35 +147,30 @@ def bf16x3_problem() -> str | None:
     """Why oneDNN cannot compute bf16x3 products here (None: it can): a CPU without
     AVX-512 has no bf16 primitives in oneDNN 3.2, and its reference ones would be 100-1000x
     slower than float32. Probed once, on a small product."""
-    return _bf16_probe(parts=3, low=False)
+    return _probe(torch.zeros(8, 4), parts=3)
 
 
 @functools.lru_cache(maxsize=1)
 def bf16_problem() -> str | None:
     """Why oneDNN cannot compute products in bf16 here (None: it can), as for
     `bf16x3_problem`: precision "bf16" then runs on torch's oneDNN forms only."""
-    return _bf16_probe(parts=1, low=True)
+    return _probe(torch.zeros(8, 4), low=True)
 
 
 @functools.lru_cache(maxsize=1)
 def int8_problem() -> str | None:
-    """Why oneDNN cannot compute products in int8 here (None: it can): precision "int8"
-    then runs on torch's oneDNN int8 forms only. Probed once, on a small product."""
-    if library() is None:
-        return f"oneDNN's library is unavailable: {unavailable()}"
-    quant = Int8Quantization(1.0, 0, torch.ones(4))
-    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4, dtype=torch.int8), None, quant=quant)
-    try:
-        probe(torch.zeros(4, 8, dtype=torch.uint8))
-    except (RuntimeError, ReferenceOnly) as err:
-        return str(err)
-    return None
+    """Why oneDNN cannot compute products in int8 here (None: it can), as for
+    `bf16x3_problem`: precision "int8" then runs on torch's oneDNN int8 forms only."""
+    return _probe(torch.zeros(8, 4, dtype=torch.int8),
+                  quant=Int8Quantization(1.0, 0, torch.ones(4)))
 
 
-def _bf16_probe(parts: int, low: bool) -> str | None:
+def _probe(weight: torch.Tensor, **form) -> str | None:
+    """Why a small product [4, 8] x `weight` in this form (`DirectLinear`'s keywords)
+    cannot be made and run here, or None."""
     if library() is None:
         return f"oneDNN's library is unavailable: {unavailable()}"
-    probe = DirectLinear((4, 8, 4), torch.zeros(8, 4), None, parts=parts, low=low)
+    probe = DirectLinear((4, 8, 4), weight, None, **form)
     try:
         probe(torch.zeros(4, 8, dtype=probe.dtype))
     except (RuntimeError, ReferenceOnly) as err:
