@@ -65,21 +65,27 @@ def weight_qparams(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 _QUANTIZE = r"""
-// uint8 codes of float32 values: rint(x / scale) + zero point, clamped to [0, qmax].
-// p: {1 / scale, zero point, element count, qmax} (doubles: one constant tensor).
-extern "C" void ow_quantize_u8(void** argv) {
-  uint8_t* out = (uint8_t*)argv[0];
-  const float* in = (const float*)argv[1];
-  const double* p = (const double*)argv[2];
-  const float inv = (float)p[0], zp = (float)p[1], qmax = (float)p[3];
-  const int64_t n = (int64_t)p[2];
+// uint8 codes of `n` float32 values: rint(x * inv) + zero point, clamped to [0, qmax].
+// The clamps are comparisons, not fmaxf/fminf: g++ calls those through libm for each
+// value, and the loop stayed scalar (4.8 ns a value, 0.47 ms for BERT-base's [128, 768]
+// on one Zen 4 core). A NaN fails the first comparison: code 0, never an undefined
+// float-to-int conversion.
+static void to_codes(uint8_t* out, const float* in, int64_t n, float inv, float zp,
+                     float qmax) {
   #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    // fmaxf/fminf return the other operand for a NaN: a NaN becomes code 0, never an
-    // undefined float-to-int conversion
-    float v = std::fminf(std::fmaxf(std::rint(in[i] * inv) + zp, 0.0f), qmax);
+    float v = std::rint(in[i] * inv) + zp;
+    v = v > 0.0f ? v : 0.0f;
+    v = v < qmax ? v : qmax;
     out[i] = (uint8_t)(int32_t)v;
   }
+}
+
+// p: {1 / scale, zero point, element count, qmax} (doubles: one constant tensor).
+extern "C" void ow_quantize_u8(void** argv) {
+  const double* p = (const double*)argv[2];
+  to_codes((uint8_t*)argv[0], (const float*)argv[1], (int64_t)p[2], (float)p[0],
+           (float)p[1], (float)p[3]);
 }
 
 // The same at the scale and zero point of this call's own range (dynamic quantization):
@@ -93,7 +99,9 @@ extern "C" void ow_quantize_u8_dynamic(void** argv) {
   const int64_t n = (int64_t)p[0];
   const float qmax = (float)p[1];
   float lo = 0.0f, hi = 0.0f;  // the range always holds 0, so zero is exact
-  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) reduction(min:lo) reduction(max:hi)
+  // (simd: without it g++ keeps the loop scalar; a NaN fails both comparisons, lane by
+  // lane too, and is left out of the range)
+  #pragma omp parallel for simd num_threads(ow_team()) if (n > 32768) reduction(min:lo) reduction(max:hi)
   for (int64_t i = 0; i < n; ++i) {
     lo = in[i] < lo ? in[i] : lo;
     hi = in[i] > hi ? in[i] : hi;
@@ -106,14 +114,7 @@ extern "C" void ow_quantize_u8_dynamic(void** argv) {
   zp = zp < 0.0f ? 0.0f : (zp > qmax ? qmax : zp);
   scale_out[0] = scale;
   zp_out[0] = (int64_t)zp;
-  const float inv = 1.0f / scale;
-  #pragma omp parallel for num_threads(ow_team()) if (n > 32768) schedule(static)
-  for (int64_t i = 0; i < n; ++i) {
-    // fmaxf/fminf return the other operand for a NaN: a NaN becomes code 0, never an
-    // undefined float-to-int conversion
-    float v = std::fminf(std::fmaxf(std::rint(in[i] * inv) + zp, 0.0f), qmax);
-    out[i] = (uint8_t)(int32_t)v;
-  }
+  to_codes(out, in, n, 1.0f / scale, zp, qmax);
 }
 
 // Max pooling of channels-last uint8 codes [N, H, W, C] -> [N, OH, OW, C]: the codes of the
