@@ -56,6 +56,7 @@ def int8_form(request, monkeypatch):
         return made
     monkeypatch.setattr(library, "_int8_conv", refusing(library._int8_conv))
     monkeypatch.setattr(library, "_int8_linear", refusing(library._int8_linear))
+    monkeypatch.setattr(library, "_int8_linear_dynamic", refusing(library._int8_linear_dynamic))
     sources = []
     run = onednn_direct.run_recorded
 
@@ -512,7 +513,7 @@ def test_the_dynamic_quantizer_takes_each_calls_range():
         assert (slow[0].int() - codes.int()).abs().max() <= 1
 
 
-def test_int8_dynamic_quantizes_linear_layers_at_each_calls_range_also_when_replayed():
+def test_int8_dynamic_quantizes_linear_layers_at_each_calls_range_also_when_replayed(int8_form):
     """The native plan replays the quantizer kernel, which measures every call's range: a
     call with inputs 10x the recorded one's is quantized at its own scale."""
     torch.manual_seed(0)

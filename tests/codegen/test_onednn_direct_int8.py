@@ -190,3 +190,48 @@ def test_quantization_the_primitive_would_misread_is_refused():
         onednn_direct.DirectConv(geometry, wq, None, None, onednn_direct.SUM_IN_PLACE,
                                  quant=onednn_direct.Int8Quantization(0.1, 3, w_scales,
                                                                       out=(0.1, 0)))
+
+
+@pytest.mark.parametrize("residual", [False, True])
+def test_a_dynamically_quantized_source_takes_each_calls_scale(residual):
+    """Dynamic quantization: the source's scale and zero point come with each call (as
+    `DynamicQuantizer` makes them), so one primitive serves sources of any range."""
+    m, k, n = 24, 72, 40
+    torch.manual_seed(0)
+    weight, bias = torch.randn(k, n), torch.randn(n)
+    wq, w_scales = quantize.weight_qparams(weight.t())
+    product = onednn_direct.DirectLinear(
+        (m, k, n), wq.t(), bias, "relu" if not residual else None,
+        onednn_direct.ADD if residual else onednn_direct.NO_BINARY,
+        quant=onednn_direct.Int8Quantization(1.0, 0, w_scales, dynamic=True))
+    scales = set()
+    for spread in (1.0, 10.0):
+        x, other = torch.randn(m, k) * spread, torch.randn(m, n)
+        codes, scale, zero_point = quantize.DynamicQuantizer()(x)
+        scales.add(float(scale))
+        want = _values(codes, float(scale), int(zero_point)) \
+            @ (wq.double() * w_scales.double()[:, None]).t() + bias.double()
+        want = want + other.double() if residual else want.relu()
+        got = product(codes, other if residual else None, (scale, zero_point))
+        _assert_result(got, want, None)
+    assert len(scales) == 2
+
+
+def test_dynamic_quantization_is_refused_where_it_cannot_apply():
+    wq, w_scales = quantize.weight_qparams(torch.randn(8, 16))
+    dynamic = onednn_direct.Int8Quantization(1.0, 0, w_scales, dynamic=True)
+    product = onednn_direct.DirectLinear((4, 16, 8), wq.t(), None, quant=dynamic)
+    codes = torch.zeros(4, 16, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="takes the source's scale and zero point with each call"):
+        product(codes)
+    with pytest.raises(ValueError, match="one float32 and one int64"):
+        product(codes, None, (torch.tensor(0.1, dtype=torch.float64), torch.tensor(3)))
+    static = onednn_direct.DirectLinear(
+        (4, 16, 8), wq.t(), None, quant=onednn_direct.Int8Quantization(0.1, 3, w_scales))
+    with pytest.raises(ValueError, match="only where quantized dynamically"):
+        static(codes, None, (torch.tensor(0.1), torch.tensor(3)))
+    wq4, w4_scales = quantize.weight_qparams(torch.randn(8, 4, 3, 3))
+    with pytest.raises(ValueError, match="dynamic int8 quantization is for linear layers"):
+        onednn_direct.DirectConv((1, 4, 6, 6, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1), wq4, None,
+                                 quant=onednn_direct.Int8Quantization(1.0, 0, w4_scales,
+                                                                      dynamic=True))

@@ -429,7 +429,10 @@ def _int8_forms(graph, anchor, ep, out_shape, inplace, precision, fp32) -> dict:
     group then has its float32 forms only, and the rest of the graph is unaffected."""
     try:
         if precision == "int8-dynamic":
-            return {"onednn-int8": _int8_linear_dynamic(graph, anchor, ep, out_shape)}
+            forms = {"onednn-int8": _int8_linear_dynamic(graph, anchor, ep, out_shape)}
+            if _int8_direct_offered(anchor, ep):
+                forms.update(_int8_direct_dynamic(graph, anchor, ep, out_shape))
+            return forms
         # a linear layer adding a residual writes float32; a convolution summing into one
         # writes the residual's type, uint8 where it arrives as codes
         conv = anchor.op == "conv"
@@ -525,28 +528,58 @@ def _int8_direct_linear(graph, anchor, ep, out_shape):
     return build
 
 
+def _int8_direct_dynamic(graph, anchor, ep, out_shape) -> dict:
+    """{"onednn-int8-direct": a linear group on oneDNN's own int8 primitive, its activation
+    quantized at each call's own range}, or nothing where the primitive cannot be made
+    (said once: torch's dynamic int8 form remains)."""
+    m, k = anchor.inputs[0].type.shape
+    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
+    qweight, scales = _int8_weight(graph, anchor)
+    b = _bias_input(anchor, ep)
+    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
+    try:
+        product = onednn_direct.DirectLinear(
+            (m, k, n), qweight.t(), None if b is None else constant_of(graph, b).reshape(n),
+            _direct_unary(ep), binary,
+            quant=onednn_direct.Int8Quantization(1.0, 0, scales, dynamic=True))
+        product.implementation()
+    except (onednn_direct.ReferenceOnly, RuntimeError, ValueError) as err:
+        _no_direct_int8(anchor, err)
+        return {}
+    to_codes = quantize.DynamicQuantizer()
+
+    def linear(x, other=None):
+        codes, scale, zero_point = to_codes(x)
+        residual = None if other is None else other.reshape(m, n)
+        return [_shaped(product(codes, residual, (scale, zero_point)), out_shape)]
+    return {"onednn-int8-direct": linear}
+
+
+def _no_direct_int8(anchor: Node, err: Exception) -> None:
+    """Says once that a group has no direct int8 form, and why."""
+    types = ", ".join(str(v.type) for v in anchor.inputs)
+    warn_once(f"opweave: a {anchor.op} group ({types}) has no direct int8 form "
+              f"({type(err).__name__}: {err}); torch's oneDNN int8 form runs instead",
+              onednn_direct.OneDNNWarning)
+
+
 def _int8_direct_or_torch(graph, anchor, ep, out_shape, inplace, torch_build) -> Callable:
     """The direct int8 form's `build`, which builds torch's int8 form instead (said once)
     where the direct one cannot be made: its primitive is oneDNN's reference
     implementation (`ReferenceOnly`, 100-1000x slower), or oneDNN refuses it. The group
     keeps an int8 form either way."""
-    def warned(err: Exception):
-        types = ", ".join(str(v.type) for v in anchor.inputs)
-        warn_once(f"opweave: a {anchor.op} group ({types}) has no direct int8 form "
-                  f"({type(err).__name__}: {err}); torch's oneDNN int8 form runs instead",
-                  onednn_direct.OneDNNWarning)
     try:
         direct = _int8_direct_conv(graph, anchor, ep, out_shape, inplace) \
             if anchor.op == "conv" else _int8_direct_linear(graph, anchor, ep, out_shape)
     except (RuntimeError, ValueError) as err:
-        warned(err)
+        _no_direct_int8(anchor, err)
         return torch_build
 
     def build(*qparams):
         try:
             return direct(*qparams)
         except (onednn_direct.ReferenceOnly, RuntimeError, ValueError) as err:
-            warned(err)
+            _no_direct_int8(anchor, err)
             return torch_build(*qparams)
     return build
 
@@ -750,11 +783,11 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
             and _direct_offered() and not _winograd_offered():
         # (without the direct form it is withheld too, which the key says already)
         key += (("without", "onednn-winograd"),)
+    if int8.applies(precision, anchor.op) and _direct_fits(anchor, ep) and _direct_offered() \
+            and _int8_fuses(anchor, ep) and not _int8_direct_offered(anchor, ep):
+        key += (("without", "onednn-int8-direct"),)
     # float32 keys stay as they were, so records made before precisions existed still count
     if precision == "int8" and int8.applies(precision, anchor.op):
-        if _direct_fits(anchor, ep) and _direct_offered() and _int8_fuses(anchor, ep) \
-                and not _int8_direct_offered(anchor, ep):
-            key += (("without", "onednn-int8-direct"),)
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \

@@ -83,6 +83,7 @@ struct Primitive {
   // reordered between layouts), and the scales and zero points handed to every call
   memory plain;
   std::vector<std::pair<int, memory>> quantization;
+  bool dynamic = false;  // int8: the source's scale and zero point come with each call
 
   void set_split(int64_t source_rows, int64_t source_groups, int64_t group_width) {
     rows = source_rows, groups = source_groups, width = group_width;
@@ -108,23 +109,26 @@ int checked_mode(int mode) {
 }
 
 // An int8 primitive's quantization, from the create functions' `quant`: {source scale,
-// source zero point, destination scale, destination zero point, whether the destination
-// is uint8 codes (else float32), the accumulator's scale and zero point (the in-place
-// sum's: the residual's codes, or 1 and 0 for float32), then one weight scale per output
-// channel}.
+// source zero point, destination scale, destination zero point, flags (1: the destination
+// is uint8 codes, else float32; 2: the source's scale and zero point come with each call,
+// dynamic quantization), the accumulator's scale and zero point (the in-place sum's: the
+// residual's codes, or 1 and 0 for float32), then one weight scale per output channel}.
 struct Quantization {
   float src_scale, dst_scale, sum_scale;
   int32_t src_zero, dst_zero, sum_zero;
-  bool codes;
+  bool codes, dynamic;
   std::vector<float> weight_scales;
 
   Quantization(const float* quant, int64_t outputs)
       : src_scale(quant[0]), dst_scale(quant[2]), sum_scale(quant[5]),
         src_zero(static_cast<int32_t>(quant[1])), dst_zero(static_cast<int32_t>(quant[3])),
-        sum_zero(static_cast<int32_t>(quant[6])), codes(quant[4] != 0.f),
-        weight_scales(quant + 7, quant + 7 + outputs) {
-    if (!(src_scale > 0.f && dst_scale > 0.f && sum_scale > 0.f)) {
+        sum_zero(static_cast<int32_t>(quant[6])), codes(static_cast<int>(quant[4]) & 1),
+        dynamic(static_cast<int>(quant[4]) & 2), weight_scales(quant + 7, quant + 7 + outputs) {
+    if (!((src_scale > 0.f || dynamic) && dst_scale > 0.f && sum_scale > 0.f)) {
       throw std::invalid_argument("int8 scales must be positive");
+    }
+    if (dynamic && codes) {
+      throw std::invalid_argument("a dynamically quantized source makes a float32 result");
     }
   }
 
@@ -147,8 +151,10 @@ struct Quantization {
       std::memcpy(m.get_data_handle(), value, 4);
       found.emplace_back(arg, m);
     };
-    scalar(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, &src_scale, memory::data_type::f32);
-    scalar(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, &src_zero, memory::data_type::s32);
+    if (!dynamic) {  // (else given at each call: `execute`)
+      scalar(DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC, &src_scale, memory::data_type::f32);
+      scalar(DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC, &src_zero, memory::data_type::s32);
+    }
     memory scales({{static_cast<int64_t>(weight_scales.size())}, memory::data_type::f32, tag::a},
                   cpu());
     std::memcpy(scales.get_data_handle(), weight_scales.data(), weight_scales.size() * 4);
@@ -303,13 +309,16 @@ Made* finish(Describe describe, const memory::desc& given, const void* weight,
     made->plain = memory(given, cpu());
     std::memcpy(made->plain.get_data_handle(), weight, given.get_size());
     made->quantization = quant->arguments();
+    made->dynamic = quant->dynamic;
   }
   return made.release();
 }
 
 // Runs `call`'s primitive for this thread count from `source` into `destination`, with
-// `residual` as the binary add's operand (null without one).
-void execute(Primitive& call, void* source, void* destination, void* residual) {
+// `residual` as the binary add's operand (null without one), and, for a dynamically
+// quantized int8 source, its scale and zero point.
+void execute(Primitive& call, void* source, void* destination, void* residual,
+             float source_scale = 1.f, int32_t source_zero = 0) {
   const Variant& variant = call.for_threads(omp_get_max_threads());
   dnnl::stream stream(cpu());
   auto& pad = scratchpad(variant.scratch.get_size());
@@ -322,6 +331,12 @@ void execute(Primitive& call, void* source, void* destination, void* residual) {
   if (residual) io[DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1] =
       memory(call.residual, cpu(), residual);
   for (const auto& [arg, value] : call.quantization) io[arg] = value;
+  if (call.dynamic) {
+    io[DNNL_ARG_ATTR_SCALES | DNNL_ARG_SRC] =
+        memory({{1}, memory::data_type::f32, tag::a}, cpu(), &source_scale);
+    io[DNNL_ARG_ATTR_ZERO_POINTS | DNNL_ARG_SRC] =
+        memory({{1}, memory::data_type::s32, tag::a}, cpu(), &source_zero);
+  }
   variant.primitive.execute(stream, io);
   stream.wait();
 }
@@ -469,8 +484,9 @@ int ow_onednn_variants(void* handle) {
 }
 
 // args: destination, source, the handle (an int64 holding the Primitive's address: a
-// constant tensor of the plan), then the residual operand for the binary add. With the
-// in-place sum the destination holds the residual on entry.
+// constant tensor of the plan), for a dynamically quantized int8 source its scale (a
+// float32) and zero point (an int64), then the residual operand for the binary add. With
+// the in-place sum the destination holds the residual on entry.
 void ow_onednn_run(void** args) {
   auto* call = reinterpret_cast<Primitive*>(*static_cast<int64_t*>(args[2]));
   try {
@@ -480,6 +496,12 @@ void ow_onednn_run(void** args) {
       split(static_cast<const float*>(source), parts.data(), call->rows, call->groups,
             call->width);
       source = parts.data();
+    }
+    if (call->dynamic) {
+      execute(*call, source, args[0], call->binary == kAdd ? args[5] : nullptr,
+              *static_cast<const float*>(args[3]),
+              static_cast<int32_t>(*static_cast<const int64_t*>(args[4])));
+      return;
     }
     execute(*call, source, args[0], call->binary == kAdd ? args[3] : nullptr);
   } catch (const std::exception& err) {

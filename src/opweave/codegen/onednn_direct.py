@@ -208,20 +208,24 @@ class Int8Quantization(NamedTuple):
     (`scale`, `zero_point`); its weight's scale per output channel (the weight itself
     given as int8); its result as uint8 codes at `out` = (scale, zero point), or float32
     where None; a convolution's residual, summed in place, as codes at `accum` (where
-    `out` is given: the sum keeps the residual's type), or float32 where None."""
+    `out` is given: the sum keeps the residual's type), or float32 where None. `dynamic`:
+    the source's scale and zero point come with each call instead (a linear layer's,
+    dynamic quantization; its result is float32)."""
 
     scale: float
     zero_point: int
     weight_scales: torch.Tensor
     out: tuple[float, int] | None = None
     accum: tuple[float, int] | None = None
+    dynamic: bool = False
 
     def packed(self) -> torch.Tensor:
         """The create functions' `quant` array (onednn_direct.cpp's `Quantization`)."""
         if self.accum is not None and self.out is None:
             raise ValueError("an int8 sum into codes writes codes")
         out, accum = self.out or (1.0, 0), self.accum or (1.0, 0)
-        head = [self.scale, self.zero_point, *out, float(self.out is not None), *accum]
+        flags = float((self.out is not None) | 2 * self.dynamic)
+        head = [self.scale, self.zero_point, *out, flags, *accum]
         return torch.cat([torch.tensor(head, dtype=torch.float32),
                           self.weight_scales.to(torch.float32).reshape(-1)]).contiguous()
 
@@ -376,6 +380,8 @@ class DirectConv(_Direct):
     def __init__(self, geometry, weight: torch.Tensor, bias: torch.Tensor | None,
                  unary=None, binary: int = NO_BINARY, parts: int = 1, low: bool = False,
                  quant: Int8Quantization | None = None):
+        if quant is not None and quant.dynamic:
+            raise ValueError("dynamic int8 quantization is for linear layers, not convolutions")
         super().__init__(geometry, weight, bias, unary, binary, parts, low, quant)
         n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
         oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
@@ -482,9 +488,30 @@ class DirectLinear(_Direct):
         self._checked(t, shape, dtype)
         return t.contiguous()
 
-    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None,
+                 source_qparams: tuple[torch.Tensor, torch.Tensor] | None = None
+                 ) -> torch.Tensor:
+        """The product of `x` with its epilogue; with ADD, `residual` added. Where the
+        source is quantized dynamically, `source_qparams` are its scale (a float32 scalar)
+        and zero point (an int64 scalar), as `quantize.DynamicQuantizer` makes them."""
         out = torch.empty(self.out_shape, dtype=self.result_dtype, device="cpu")
         x = self._rows(x, self.in_shape)
+        extra = list(self._source_qparams(source_qparams))
         if self.binary == ADD:
-            return self._call(out, x, self._rows(residual, self.out_shape, self.residual_dtype))
-        return self._call(out, x)
+            extra.append(self._rows(residual, self.out_shape, self.residual_dtype))
+        return self._call(out, x, *extra)
+
+    def _source_qparams(self, given) -> tuple[torch.Tensor, ...]:
+        dynamic = self.quant is not None and self.quant.dynamic
+        if (given is not None) != dynamic:
+            raise ValueError(f"a direct oneDNN linear takes the source's scale and zero point "
+                             f"{'with each call' if dynamic else 'only where quantized dynamically'}")
+        if given is None:
+            return ()
+        scale, zero_point = given
+        if scale.dtype != torch.float32 or zero_point.dtype != torch.int64 \
+                or scale.numel() != 1 or zero_point.numel() != 1:
+            raise ValueError(f"a dynamic source's scale and zero point are one float32 and one "
+                             f"int64, not {scale.dtype} {tuple(scale.shape)} and "
+                             f"{zero_point.dtype} {tuple(zero_point.shape)}")
+        return scale, zero_point
