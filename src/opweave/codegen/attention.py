@@ -19,7 +19,8 @@ key and a hidden row. A mask that is a constant of zeros (what export leaves for
 form; a constant one that hides no row entirely spares the others their check for such
 rows. Causal attention and boolean masks keep the fused kernel, and so do shapes whose
 scores would exceed `UNFUSED_BYTES`. Under precision "bf16" the fused kernel on bf16
-operands is one more form, measured beside the float32 ones (docs/precision.md).
+operands is one more form, and the per-head form on bf16 operands (oneDNN's bf16 matmul
+where it has one here) another, measured beside the float32 ones (docs/precision.md).
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ import torch
 from .. import tune
 from ..ir.graph import Node
 from ..ir.ops.linalg import _attention
+from ..notices import warn_once
 from . import choice, onednn_direct
 from . import precision as prec
 
@@ -73,10 +75,13 @@ class PerHead:
     split over the thread team; the result laid out as `unfused` lays it out. One native
     object per layout of the operands (made at its first call with that layout). A call
     reports itself to a native plan's recorder like a generated kernel: output, query,
-    key, value, the object's address as a constant int64 tensor, then the mask."""
+    key, value, the object's address as a constant int64 tensor, then the mask.
+    `low`: operands, mask and result in bf16, each pair's products on oneDNN's bf16
+    matmul, its scores and softmax in float32 (the form "per-head-bf16")."""
 
-    def __init__(self, scale: float, masked: bool, hidden_rows: bool):
+    def __init__(self, scale: float, masked: bool, hidden_rows: bool, low: bool = False):
         self.scale, self.masked, self.hidden_rows = scale, masked, hidden_rows
+        self.dtype = prec.LOW if low else torch.float32
         self._made: dict[tuple, torch.Tensor] = {}  # strides -> the object's address
         self._lock = threading.Lock()
 
@@ -85,7 +90,8 @@ class PerHead:
             if geometry not in self._made:
                 lib = onednn_direct.library()
                 error = ctypes.create_string_buffer(256)
-                flags = int(self.masked) | 2 * int(self.masked and self.hidden_rows)
+                flags = int(self.masked) | 2 * int(self.masked and self.hidden_rows) \
+                    | 4 * int(self.dtype == prec.LOW)
                 handle = lib.ow_attention_create((ctypes.c_int64 * len(geometry))(*geometry),
                                                  self.scale, flags, error, len(error))
                 if not handle:
@@ -101,6 +107,9 @@ class PerHead:
         if k.shape != (b, h, lk, d) or v.shape != (b, h, lk, dv):
             raise ValueError(f"per-head attention: query {tuple(q.shape)}, key "
                              f"{tuple(k.shape)} and value {tuple(v.shape)} do not fit")
+        given = [x.dtype for x in (q, k, v, mask) if x is not None]
+        if any(t != self.dtype for t in given[:3 + self.masked]):
+            raise ValueError(f"per-head attention in {self.dtype}: given {given}")
         q, k, v = (_dense_rows(x) for x in (q, k, v))
         operands = [q, k, v]
         mask_strides = (0, 0, 0)
@@ -111,7 +120,7 @@ class PerHead:
             mask_strides = mask.stride()[:3]
         geometry = (b, h, lq, lk, d, dv, *_strides(q), *_strides(k), *_strides(v), *mask_strides)
         context = self._context(geometry)
-        out = torch.empty(b, lq, h, dv, dtype=torch.float32)
+        out = torch.empty(b, lq, h, dv, dtype=self.dtype)
         onednn_direct.run_recorded(onednn_direct.library().ow_attention_run,
                                    [out, *operands[:3], context, *operands[3:]])
         return out.transpose(1, 2)
@@ -141,11 +150,13 @@ def per_head_problem() -> str | None:
 
 
 FORMS = ("fused", "unfused", "per-head")  # `_bound` makes each one's call
-# under precision "bf16" also the fused kernel on bf16 operands (the policy's own form);
-# where a float32 form measures faster, the attention computes in float32 (only more
-# accurate), as a library group does
+# under precision "bf16" also the fused kernel on bf16 operands (the policy's own form)
+# and the per-head form on them; where a float32 form measures faster, the attention
+# computes in float32 (only more accurate), as a library group does
 LOW_FORM = "fused-bf16"
-LOW_TOLERANCE = 3e-2  # its agreement with the float32 kernel, relative and absolute
+LOW_PER_HEAD = "per-head-bf16"
+LOW_FORMS = (LOW_FORM, LOW_PER_HEAD)
+LOW_TOLERANCE = 3e-2  # their agreement with the float32 kernel, relative and absolute
 
 
 def applies(node: Node) -> bool:
@@ -176,12 +187,17 @@ class Mask:
 
 def _offered(node: Node, precision: str = "fp32") -> tuple[str, ...]:
     """The forms compared for this node here: the per-head form where oneDNN's module is
-    available and query, key and value share their batch and heads; LOW_FORM under
-    precision "bf16"."""
+    available and query, key and value share their batch and heads; under precision
+    "bf16" LOW_FORM, and LOW_PER_HEAD where the per-head form is offered and oneDNN's
+    own library has bf16 products on this CPU."""
     q, k, v = (x.type.shape for x in node.inputs[:3])
     fits = q[:2] == k[:2] == v[:2] and k[2] == v[2] and q[3] == k[3]
-    forms = FORMS if fits and per_head_problem() is None else FORMS[:2]
-    return forms + (LOW_FORM,) if prec.applies(precision, node.op) else forms
+    per_head = fits and per_head_problem() is None
+    forms = FORMS if per_head else FORMS[:2]
+    if not prec.applies(precision, node.op):
+        return forms
+    low_per_head = per_head and onednn_direct.bf16_problem() is None
+    return forms + (LOW_FORMS if low_per_head else (LOW_FORM,))
 
 
 def _key(node: Node, mask: Mask, precision: str = "fp32") -> tuple:
@@ -236,11 +252,17 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     expected = forms["fused"](*args)
     size = max(float(torch.nan_to_num(expected.abs(), nan=0.0, posinf=0.0).max()), 1.0)
     for name in offered[1:]:  # a form must agree with the fused kernel to be measured
-        got = forms[name](*args)
-        # (the bf16 form within bf16's rounding of its operands: a few parts in 1000)
-        tolerance = (LOW_TOLERANCE, LOW_TOLERANCE * size) if name == LOW_FORM else \
+        try:
+            got = forms[name](*args)
+        except RuntimeError as err:  # its native object was refused: not offered here
+            warn_once(f"opweave: attention's form {name!r} is not offered here: {err}",
+                      onednn_direct.OneDNNWarning)
+            del forms[name]
+            continue
+        # (the bf16 forms within bf16's rounding of their operands: a few parts in 1000)
+        tolerance = (LOW_TOLERANCE, LOW_TOLERANCE * size) if name in LOW_FORMS else \
             (1e-4, 1e-5 * size)
-        if not torch.allclose(got, expected, *tolerance, equal_nan=True):
+        if not torch.allclose(got.float(), expected, *tolerance, equal_nan=True):
             del forms[name]
     if len(forms) == 1:
         _CHOICES[key] = "fused"
@@ -262,18 +284,18 @@ def _bound(name: str, node: Node, mask: Mask) -> Callable:
         return lambda q, k, v, *m: unfused(q, k, v, *m, scale=scale, hidden_rows=hidden_rows)
     if name == "per-head":
         return PerHead(scale, not mask.dropped, mask.hidden_rows)
-    if name == LOW_FORM:
-        return _OnBf16(scale)
+    if name in LOW_FORMS:
+        return _OnBf16(_low_form(name, scale, mask))
     return lambda q, k, v, *m: _attention(q, k, v, *m, scale=scale, causal=False)
 
 
 class _OnBf16:
-    """LOW_FORM as `choose` calls it, measured on operands already in bf16: in a model the
-    products before it hand them on so (`precision.hand_off_in_bf16`), so timing their
+    """A bf16 form as `choose` calls it, measured on operands already in bf16: in a model
+    the products before it hand them on so (`precision.hand_off_in_bf16`), so timing their
     rounding here would charge it for conversions it does not make."""
 
-    def __init__(self, scale: float):
-        self._form = _low_form(scale)
+    def __init__(self, form: prec.LowPrecisionCall):
+        self._form = form
 
     def __call__(self, *args):
         return self._form(*args)[0]
@@ -282,9 +304,13 @@ class _OnBf16:
         return [prec.narrow(a) for a in args]
 
 
-def _low_form(scale: float) -> prec.LowPrecisionCall:
-    """The fused kernel on bf16 operands (a float32 mask rounded too), as a step function:
-    its result widened to float32 unless only bf16 steps read it."""
+def _low_form(name: str, scale: float, mask: Mask) -> prec.LowPrecisionCall:
+    """The bf16 form `name` (the fused kernel or the per-head form, on bf16 operands, a
+    float32 mask rounded too) as a step function: its result widened to float32 unless
+    only bf16 steps read it."""
+    if name == LOW_PER_HEAD:
+        form = PerHead(scale, not mask.dropped, mask.hidden_rows, low=True)
+        return prec.LowPrecisionCall(lambda *args: [form(*args)])
     return prec.LowPrecisionCall(
         lambda q, k, v, *m: [_attention(q, k, v, *m, scale=scale, causal=False)])
 
@@ -298,8 +324,8 @@ def measured(node: Node, db: tune.TuningDB | None = None,
     mask = Mask(node, constant_mask)
     name = choose(node, db, mask, precision=precision)
     reads = 3 if mask.dropped else len(node.inputs)
-    if name == LOW_FORM:
-        return name, _low_form(node.attrs["scale"]), reads
+    if name in LOW_FORMS:
+        return name, _low_form(name, node.attrs["scale"], mask), reads
     form = _bound(name, node, mask)
     return name, lambda *args: [form(*args)], reads
 

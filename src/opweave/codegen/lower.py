@@ -90,8 +90,10 @@ def attention_step(graph: Graph, node: Node, precision: str = "fp32") -> Step:
     constant zeros is not read."""
     mask = constant_of(graph, node.inputs[3]) if len(node.inputs) == 4 else None
     name, fn, reads = attention.measured(node, tune.active(), mask, precision)
-    computes_in = precision if name == attention.LOW_FORM else "fp32"
-    label = f"attention [{precision}]" if name == attention.LOW_FORM else f"attention ({name})"
+    computes_in = precision if name in attention.LOW_FORMS else "fp32"
+    label = {attention.LOW_FORM: f"attention [{precision}]",
+             attention.LOW_PER_HEAD: f"attention (per-head) [{precision}]"}.get(
+                 name, f"attention ({name})")
     return Step(fn, list(node.inputs[:reads]), list(node.outputs), [node], "op", label,
                 precision=computes_in)
 

@@ -10,19 +10,29 @@
 // two new tensors per call, ran the softmax as a pass of its own, and copied the result
 // once more.
 //
+// In bf16 (flag 4: the form "per-head-bf16"), q, k, v, the mask and the result are bf16:
+// each thread runs two oneDNN matmul primitives made once for one thread (sgemm has no
+// bf16 sibling in oneDNN's C API), the scores accumulate and the softmax computes in
+// float32, and the probabilities are rounded to bf16 for the second product, as torch's
+// bf16 kernel rounds them.
+//
 // The softmax matches torch's: the row's maximum subtracted before exp; a row holding a
 // NaN, or a +inf score, is NaN; a row whose scores are all -inf is NaN, or 0 where the
 // caller asks (where a mask hides the row, as the unfused form does). exp is Cephes'
 // polynomial, within 1 ulp of expf over softmax's arguments (0 below -87.3, where expf's
 // result is subnormal).
 #include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 // (a namespace of its own: the module's other files share its anonymous one)
@@ -33,6 +43,12 @@ struct Attention {
   int64_t q[3], k[3], v[3], mask[3];  // strides of batch, head and row; columns are dense
   float scale;
   bool masked, zero_hidden_rows;
+  // bf16: one pair's two products, made for one thread (each thread runs its own pair)
+  bool low = false;
+  dnnl::matmul scores_product, output_product;
+  dnnl::memory::desc q_md, k_md, scores_md, p_md, v_md, out_md;
+  size_t scratch_bytes = 0;
+  std::string impl;  // the products' oneDNN implementations
 };
 
 // A vector register of floats, in GCC's vector extensions: g++ 12 leaves the same loop
@@ -45,6 +61,8 @@ constexpr int kLanes = 8;
 #endif
 typedef float Floats __attribute__((vector_size(4 * kLanes)));
 typedef int32_t Ints __attribute__((vector_size(4 * kLanes)));
+typedef uint32_t Uints __attribute__((vector_size(4 * kLanes)));
+typedef uint16_t Halves __attribute__((vector_size(2 * kLanes)));
 
 // A lane-wise conversion (to int truncating, as static_cast does); a loop over lanes
 // where the compiler lacks __builtin_convertvector (before GCC 9)
@@ -99,15 +117,34 @@ inline Floats load_part(const float* from, int64_t count, float fill) {
   return v;
 }
 
-// One row of scores, in place: softmax over `n` values plus the mask's row (or none).
-// Whole vectors are read where they are; the last, partial one is padded with -inf
-// (exp gives 0 there).
-void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
-                 bool zero_hidden) {
+// bf16 <-> float32, lane by lane: rounded to nearest, ties to even, a NaN kept quiet (as
+// torch and oneDNN convert)
+inline Halves to_bf16(Floats v) {
+  Uints bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const Uints nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const Uints quiet = (bits | 0x00400000u) >> 16;
+  return converted<Halves>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : nearest);
+}
+
+inline float widened(float x) { return x; }
+inline float widened(uint16_t x) {
+  const uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+// One row of scores: softmax over `n` values plus the mask's row (or none), in place, or,
+// where `low` is given, the probabilities rounded to bf16 into it. Whole vectors are read
+// where they are; the last, partial one is padded with -inf (exp gives 0 there).
+template <typename Mask>
+void softmax_row(float* __restrict x, const Mask* __restrict mask, int64_t n,
+                 bool zero_hidden, uint16_t* __restrict low = nullptr) {
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
   const Floats lowest = -__builtin_inff() + Floats{};
   if (mask) {
-    for (int64_t j = 0; j < n; ++j) x[j] += mask[j];
+    for (int64_t j = 0; j < n; ++j) x[j] += widened(mask[j]);
   }
   Floats top = lowest;
   Ints nan = Ints{};
@@ -128,7 +165,11 @@ void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
     any_nan |= nan[lane] != 0;
   }
   if (zero_hidden && most == -__builtin_inff() && !any_nan) {
-    std::memset(x, 0, n * sizeof(float));
+    if (low) {
+      std::memset(low, 0, n * sizeof(uint16_t));
+    } else {
+      std::memset(x, 0, n * sizeof(float));
+    }
     return;
   }
   if (any_nan) most = __builtin_nanf("");  // every value NaN, as torch's softmax gives
@@ -146,6 +187,17 @@ void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
   float sum = 0.f;
   for (int lane = 0; lane < kLanes; ++lane) sum += sums[lane];
   const Floats inverse = 1.f / sum + Floats{};
+  if (low) {
+    for (int64_t j = 0; j < whole; j += kLanes) {
+      const Halves h = to_bf16(load(x + j) * inverse);
+      std::memcpy(low + j, &h, sizeof h);
+    }
+    if (tail) {
+      const Halves h = to_bf16(load_part(x + whole, tail, 0.f) * inverse);
+      std::memcpy(low + whole, &h, tail * sizeof(uint16_t));
+    }
+    return;
+  }
   for (int64_t j = 0; j < whole; j += kLanes) store(x + j, load(x + j) * inverse);
   for (int64_t j = whole; j < n; ++j) x[j] *= inverse[0];
 }
@@ -156,6 +208,104 @@ std::vector<float>& scores_buffer(size_t elements) {
   thread_local std::vector<float> buffer;
   if (buffer.size() < elements) buffer.resize(elements);
   return buffer;
+}
+
+// ... and its probabilities in bf16
+std::vector<uint16_t>& probabilities_buffer(size_t elements) {
+  thread_local std::vector<uint16_t> buffer;
+  if (buffer.size() < elements) buffer.resize(elements);
+  return buffer;
+}
+
+// One (batch, head) pair in bf16: scores = scale * q k^T in float32, their softmax rounded
+// to bf16, times v into the pair's head of `out`. Runs on the calling thread alone.
+void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
+                      const uint16_t* v, const uint16_t* mask_rows, uint16_t* out) {
+  using dnnl::memory;
+  thread_local dnnl::stream stream(cpu());
+  float* scores = scores_buffer(a.lq * a.lk).data();
+  uint16_t* probabilities = probabilities_buffer(a.lq * a.lk).data();
+  auto& pad = scratchpad(a.scratch_bytes);
+  const memory scratch({{static_cast<int64_t>(a.scratch_bytes)}, memory::data_type::u8,
+                        memory::format_tag::a}, cpu(), pad.data());
+  auto at = [](const memory::desc& md, const void* data) {
+    return memory(md, cpu(), const_cast<void*>(data));
+  };
+  a.scores_product.execute(stream, {{DNNL_ARG_SRC, at(a.q_md, q)},
+                                    {DNNL_ARG_WEIGHTS, at(a.k_md, k)},
+                                    {DNNL_ARG_DST, at(a.scores_md, scores)},
+                                    {DNNL_ARG_SCRATCHPAD, scratch}});
+  for (int64_t r = 0; r < a.lq; ++r) {
+    softmax_row(scores + r * a.lk, mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
+                a.zero_hidden_rows, probabilities + r * a.lk);
+  }
+  a.output_product.execute(stream, {{DNNL_ARG_SRC, at(a.p_md, probabilities)},
+                                    {DNNL_ARG_WEIGHTS, at(a.v_md, v)},
+                                    {DNNL_ARG_DST, at(a.out_md, out)},
+                                    {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream.wait();
+}
+
+void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
+                 const uint16_t* mask, uint16_t* out) {
+  const int64_t pairs = a.batch * a.heads;
+  int failures = 0;
+#pragma omp parallel for schedule(static) reduction(+ : failures) if (pairs > 1)
+  for (int64_t pair = 0; pair < pairs; ++pair) {
+    const int64_t b = pair / a.heads, h = pair % a.heads;
+    try {
+      attend_pair_bf16(a, q + b * a.q[0] + h * a.q[1], k + b * a.k[0] + h * a.k[1],
+                       v + b * a.v[0] + h * a.v[1],
+                       a.masked ? mask + b * a.mask[0] + h * a.mask[1] : nullptr,
+                       out + b * a.lq * a.heads * a.dv + h * a.dv);
+    } catch (const std::exception&) {
+      ++failures;
+    }
+  }
+  if (failures) {  // (as `attend`)
+    std::fprintf(stderr, "opweave: a per-head bf16 attention's product failed\n");
+    std::abort();
+  }
+}
+
+// The bf16 products of one pair, made for one thread: q [lq, d] times k^T [d, lk] (k's
+// rows read as columns) into float32 scores, scaled; bf16 probabilities [lq, lk] times
+// v [lk, dv] into the pair's head of the result, rows of heads * dv.
+void make_bf16_products(Attention& a) {
+  using dnnl::memory;
+  using dt = memory::data_type;
+  a.q_md = memory::desc({a.lq, a.d}, dt::bf16, memory::dims{a.q[2], 1});
+  a.k_md = memory::desc({a.d, a.lk}, dt::bf16, memory::dims{1, a.k[2]});
+  a.scores_md = memory::desc({a.lq, a.lk}, dt::f32, memory::dims{a.lk, 1});
+  a.p_md = memory::desc({a.lq, a.lk}, dt::bf16, memory::dims{a.lk, 1});
+  a.v_md = memory::desc({a.lk, a.dv}, dt::bf16, memory::dims{a.v[2], 1});
+  a.out_md = memory::desc({a.lq, a.dv}, dt::bf16, memory::dims{a.heads * a.dv, 1});
+  dnnl::post_ops scaled;
+  scaled.append_eltwise(dnnl::algorithm::eltwise_linear, a.scale, 0.f);
+  dnnl::primitive_attr scores_attr, output_attr;
+  scores_attr.set_post_ops(scaled);
+  for (auto* attr : {&scores_attr, &output_attr}) {
+    attr->set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  }
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);  // each pair runs on one thread of the team
+  try {
+    dnnl::matmul::primitive_desc scores_pd(cpu(), a.q_md, a.k_md, a.scores_md, scores_attr);
+    dnnl::matmul::primitive_desc output_pd(cpu(), a.p_md, a.v_md, a.out_md, output_attr);
+    a.impl = std::string(scores_pd.impl_info_str()) + ", " + output_pd.impl_info_str();
+    a.scratch_bytes = std::max(scores_pd.scratchpad_desc().get_size(),
+                               output_pd.scratchpad_desc().get_size());
+    a.scores_product = dnnl::matmul(scores_pd);
+    a.output_product = dnnl::matmul(output_pd);
+  } catch (...) {
+    omp_set_num_threads(threads);
+    throw;
+  }
+  omp_set_num_threads(threads);
+  if (a.impl.rfind("ref", 0) == 0 || a.impl.find(", ref") != std::string::npos) {
+    throw std::invalid_argument("oneDNN has only its reference bf16 matmul here (" + a.impl +
+                                ")");
+  }
 }
 
 void attend(const Attention& a, const float* q, const float* k, const float* v,
@@ -196,7 +346,7 @@ extern "C" {
 // geometry: batch, heads, lq, lk, d, dv, then the strides (elements) of batch, head and
 // row of q, k, v and the mask (0 for a broadcast dimension; ignored without a mask); the
 // last dimension of each is dense. flags: 1 a mask is given, 2 a row it hides entirely is
-// 0 (not NaN).
+// 0 (not NaN), 4 bf16 operands, mask and result (else float32).
 void* ow_attention_create(const int64_t* geometry, float scale, int flags, char* error,
                           int error_size) {
   try {
@@ -214,6 +364,8 @@ void* ow_attention_create(const int64_t* geometry, float scale, int flags, char*
     if (a->q[2] < a->d || a->k[2] < a->d || a->v[2] < a->dv) {  // what sgemm reads
       throw std::invalid_argument("rows of q, k or v closer than their length");
     }
+    a->low = flags & 4;
+    if (a->low) per_head::make_bf16_products(*a);
     return a.release();
   } catch (const std::exception& err) {
     message(error, error_size, err.what());
@@ -227,9 +379,22 @@ void ow_attention_destroy(void* handle) { delete static_cast<per_head::Attention
 // Attention's address), then the mask if one is given.
 void ow_attention_run(void** args) {
   const auto& a = *reinterpret_cast<per_head::Attention*>(*static_cast<int64_t*>(args[4]));
+  if (a.low) {
+    const auto* mask = a.masked ? static_cast<const uint16_t*>(args[5]) : nullptr;
+    per_head::attend_bf16(a, static_cast<const uint16_t*>(args[1]),
+                          static_cast<const uint16_t*>(args[2]),
+                          static_cast<const uint16_t*>(args[3]), mask,
+                          static_cast<uint16_t*>(args[0]));
+    return;
+  }
   const auto* mask = a.masked ? static_cast<const float*>(args[5]) : nullptr;
   per_head::attend(a, static_cast<const float*>(args[1]), static_cast<const float*>(args[2]),
                    static_cast<const float*>(args[3]), mask, static_cast<float*>(args[0]));
+}
+
+// The oneDNN implementations a bf16 attention's products run on ("" in float32)
+const char* ow_attention_impl(void* handle) {
+  return static_cast<per_head::Attention*>(handle)->impl.c_str();
 }
 
 }  // extern "C"

@@ -36,7 +36,8 @@ from . import build
 SOURCE = Path(__file__).with_name("onednn_direct.cpp")
 # Winograd convolutions, compiled in the same module (the same oneDNN, the same helpers)
 WINOGRAD_SOURCE = Path(__file__).with_name("onednn_winograd.cpp")
-# attention head by head on oneDNN's sgemm (codegen/attention.py's "per-head" form)
+# attention head by head on oneDNN's sgemm, or its bf16 matmul (codegen/attention.py's
+# "per-head" and "per-head-bf16" forms)
 ATTENTION_SOURCE = Path(__file__).with_name("onednn_attention.cpp")
 FORMAT = 1
 # epilogue codes of `ow_onednn_conv_create`
@@ -120,6 +121,8 @@ def _load() -> ctypes.CDLL:
                                         ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
     lib.ow_attention_destroy.argtypes = [ctypes.c_void_p]
     lib.ow_attention_run.argtypes = [ctypes.c_void_p]
+    lib.ow_attention_impl.restype = ctypes.c_char_p
+    lib.ow_attention_impl.argtypes = [ctypes.c_void_p]
     return lib
 
 

@@ -72,7 +72,8 @@ def workload(kind: str, key) -> tuple[str, str]:
 # "int8", they gained "onednn-int8-direct" (oneDNN's own int8 primitives).
 # attention-form 2: the unfused form returns 0 for rows its mask hides entirely and
 # counts the copy into the fused kernel's layout. 3: the "per-head" form
-# (codegen/onednn_attention.cpp).
+# (codegen/onednn_attention.cpp). (Its bf16 sibling "per-head-bf16" needed no revision:
+# an attention's key names the forms it compares.)
 REVISIONS = {"library-form": 7, "library-form-by-size-class": 7, "attention-form": 3}
 
 
