@@ -2,8 +2,9 @@
 
 "fp32" (the default) computes everything in float32. "bf16": matrix products,
 convolutions and attention read their operands rounded to bfloat16 and accumulate in
-float32 (oneDNN's bf16 primitives, with weights stored in bf16 at compile time; torch's
-bf16 flash-attention kernel, which keeps its softmax in float32). The step's result, with
+float32 (oneDNN's bf16 primitives, with weights stored in bf16 at compile time; for
+attention torch's bf16 flash-attention kernel or the per-head form on oneDNN's bf16
+matmul, both keeping the softmax in float32). The step's result, with
 its fused epilogue (bias, activation, residual add), is rounded to bfloat16 once: widened
 back to float32 for the steps that compute in float32, handed on as it is where only
 bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
