@@ -152,9 +152,9 @@ def _low_reference(q, k, v, mask, scale):
 @pytest.mark.parametrize("scale", [0.125, -0.5])
 def test_the_bf16_per_head_form_is_within_bf16_rounding_of_float64(batch, lq, lk, mask,
                                                                   scale):
-    """Its products read bf16 and accumulate in float32, its softmax is float32 and its
-    probabilities and result are rounded to bf16 once each: within a few parts in 1000 of
-    float64 on the same bf16 operands (as torch's bf16 kernel), a hidden row 0."""
+    """Its products read bf16 and accumulate in float32, its softmax is float32, and its
+    exps and result are rounded to bf16 once each: within a few parts in 1000 of float64
+    on the same bf16 operands (as torch's bf16 kernel), a hidden row 0."""
     torch.manual_seed(0)
     q, k, v = (_heads(batch, n, 3, 16).bfloat16() for n in (lq, lk, lk))
     shapes = {None: None, "keys": (lk,), "per batch": (batch, 1, 1, lk),
@@ -173,14 +173,14 @@ def test_the_bf16_per_head_form_is_within_bf16_rounding_of_float64(batch, lq, lk
         assert not got[0, 1, 2].any()
     # laid out as the float32 form's result: [batch, lq, heads, dv] in memory
     assert got.transpose(1, 2).is_contiguous()
-    # about as accurate as torch's own bf16 kernel on the same operands (relative L2:
-    # 0.0021-0.0027 here against its 0.0017-0.0021; it rounds the probabilities too)
+    # as accurate as torch's own bf16 kernel on the same operands (relative L2 0.0017-0.0022
+    # for both: each rounds the exps to bf16 and divides the result's rows by their sums)
     fused = _attention(q, k, v, additive, scale=scale, causal=False).double()
     fused = torch.nan_to_num(fused)                     # (its hidden row is NaN)
 
     def relative(x):
         return float((x - want).norm() / want.norm().clamp_min(1e-30))
-    assert relative(got.double()) <= min(2 * relative(fused) + 1e-4, 5e-3)
+    assert relative(got.double()) <= min(1.25 * relative(fused) + 1e-4, 5e-3)
 
 
 @needs_low_per_head

@@ -262,7 +262,7 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
         # (the bf16 forms within bf16's rounding of their operands: a few parts in 1000)
         tolerance = (LOW_TOLERANCE, LOW_TOLERANCE * size) if name in LOW_FORMS else \
             (1e-4, 1e-5 * size)
-        if not torch.allclose(got.float(), expected, *tolerance, equal_nan=True):
+        if not torch.allclose(got, expected, *tolerance, equal_nan=True):
             del forms[name]
     if len(forms) == 1:
         _CHOICES[key] = "fused"

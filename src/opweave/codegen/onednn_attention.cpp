@@ -13,8 +13,9 @@
 // In bf16 (flag 4: the form "per-head-bf16"), q, k, v, the mask and the result are bf16:
 // each thread runs two oneDNN matmul primitives made once for one thread (sgemm has no
 // bf16 sibling in oneDNN's C API), the scores accumulate and the softmax computes in
-// float32, and the probabilities are rounded to bf16 for the second product, as torch's
-// bf16 kernel rounds them.
+// float32, and the exps are rounded to bf16 for the second product (as torch's bf16
+// kernel rounds its probabilities); each row of that product is divided by its sum of
+// exps afterwards, dv values where the scores' row has lk.
 //
 // The softmax matches torch's: the row's maximum subtracted before exp; a row holding a
 // NaN, or a +inf score, is NaN; a row whose scores are all -inf is NaN, or 0 where the
@@ -135,18 +136,15 @@ inline float widened(uint16_t x) {
   return value;
 }
 
-// One row of scores: softmax over `n` values plus the mask's row (or none), in place, or,
-// where `low` is given, the probabilities rounded to bf16 into it. Whole vectors are read
-// where they are; the last, partial one is padded with -inf (exp gives 0 there).
+// Adds the mask's row (if any) to `n` scores and returns their maximum: NaN where one is
+// NaN. Whole vectors are read where they are; the last, partial one is padded with -inf.
 template <typename Mask>
-void softmax_row(float* __restrict x, const Mask* __restrict mask, int64_t n,
-                 bool zero_hidden, uint16_t* __restrict low = nullptr) {
+float masked_maximum(float* __restrict x, const Mask* __restrict mask, int64_t n) {
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
-  const Floats lowest = -__builtin_inff() + Floats{};
   if (mask) {
     for (int64_t j = 0; j < n; ++j) x[j] += widened(mask[j]);
   }
-  Floats top = lowest;
+  Floats top = -__builtin_inff() + Floats{};
   Ints nan = Ints{};
   for (int64_t j = 0; j < whole; j += kLanes) {
     const Floats value = load(x + j);
@@ -164,42 +162,81 @@ void softmax_row(float* __restrict x, const Mask* __restrict mask, int64_t n,
     most = top[lane] > most ? top[lane] : most;
     any_nan |= nan[lane] != 0;
   }
-  if (zero_hidden && most == -__builtin_inff() && !any_nan) {
-    if (low) {
-      std::memset(low, 0, n * sizeof(uint16_t));
-    } else {
-      std::memset(x, 0, n * sizeof(float));
-    }
-    return;
-  }
-  if (any_nan) most = __builtin_nanf("");  // every value NaN, as torch's softmax gives
+  return any_nan ? __builtin_nanf("") : most;  // (a NaN row: every value NaN, as torch's)
+}
+
+// exp(x - most) of `n` scores, written back in place, or rounded to bf16 into `low` where
+// it is given (the padding of the last vector gives 0); returns their sum
+float exponentials(float* __restrict x, int64_t n, float most, uint16_t* __restrict low) {
+  const int64_t whole = n / kLanes * kLanes, tail = n - whole;
   Floats sums = Floats{};
   for (int64_t j = 0; j < whole; j += kLanes) {
     const Floats e = exp_nonpositive(load(x + j) - most);
-    store(x + j, e);
+    if (low) {
+      const Halves h = to_bf16(e);
+      std::memcpy(low + j, &h, sizeof h);
+    } else {
+      store(x + j, e);
+    }
     sums += e;
   }
   if (tail) {
     const Floats e = exp_nonpositive(load_part(x + whole, tail, -__builtin_inff()) - most);
-    std::memcpy(x + whole, &e, tail * sizeof(float));
+    if (low) {
+      const Halves h = to_bf16(e);
+      std::memcpy(low + whole, &h, tail * sizeof(uint16_t));
+    } else {
+      std::memcpy(x + whole, &e, tail * sizeof(float));
+    }
     sums += e;
   }
   float sum = 0.f;
   for (int lane = 0; lane < kLanes; ++lane) sum += sums[lane];
-  const Floats inverse = 1.f / sum + Floats{};
-  if (low) {
-    for (int64_t j = 0; j < whole; j += kLanes) {
-      const Halves h = to_bf16(load(x + j) * inverse);
-      std::memcpy(low + j, &h, sizeof h);
-    }
-    if (tail) {
-      const Halves h = to_bf16(load_part(x + whole, tail, 0.f) * inverse);
-      std::memcpy(low + whole, &h, tail * sizeof(uint16_t));
-    }
+  return sum;
+}
+
+// One row of scores: softmax over `n` values plus the mask's row (or none), in place. A
+// row the mask hides entirely is 0 where `zero_hidden`, else NaN (as torch's softmax).
+void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
+                 bool zero_hidden) {
+  const float most = masked_maximum(x, mask, n);
+  if (zero_hidden && most == -__builtin_inff()) {
+    std::memset(x, 0, n * sizeof(float));
     return;
   }
+  const Floats inverse = 1.f / exponentials(x, n, most, nullptr) + Floats{};
+  const int64_t whole = n / kLanes * kLanes;
   for (int64_t j = 0; j < whole; j += kLanes) store(x + j, load(x + j) * inverse);
   for (int64_t j = whole; j < n; ++j) x[j] *= inverse[0];
+}
+
+// The same row in bf16, its normalization left to the row's result: exp(x - max) rounded
+// to bf16 into `low`, and the factor the row of `low`'s product with v is to be multiplied
+// by (1 / their sum; 1 for a row hidden entirely, whose `low` is 0). Normalizing the
+// result's dv values instead of the row's lk saves a pass over the scores.
+float unnormalized_row(float* __restrict x, const uint16_t* __restrict mask, int64_t n,
+                       bool zero_hidden, uint16_t* __restrict low) {
+  const float most = masked_maximum(x, mask, n);
+  if (zero_hidden && most == -__builtin_inff()) {
+    std::memset(low, 0, n * sizeof(uint16_t));
+    return 1.f;
+  }
+  return 1.f / exponentials(x, n, most, low);
+}
+
+// `n` float32 values times `factor`, rounded to bf16 into `out`
+void scaled_to_bf16(const float* __restrict in, float factor, int64_t n,
+                    uint16_t* __restrict out) {
+  const int64_t whole = n / kLanes * kLanes, tail = n - whole;
+  const Floats f = factor + Floats{};
+  for (int64_t j = 0; j < whole; j += kLanes) {
+    const Halves h = to_bf16(load(in + j) * f);
+    std::memcpy(out + j, &h, sizeof h);
+  }
+  if (tail) {
+    const Halves h = to_bf16(load_part(in + whole, tail, 0.f) * f);
+    std::memcpy(out + whole, &h, tail * sizeof(uint16_t));
+  }
 }
 
 // One pair's scores, per thread, kept for the next call (no larger than the 16 MiB the
@@ -210,20 +247,23 @@ std::vector<float>& scores_buffer(size_t elements) {
   return buffer;
 }
 
-// ... and its probabilities in bf16
+// ... and its exps in bf16
 std::vector<uint16_t>& probabilities_buffer(size_t elements) {
   thread_local std::vector<uint16_t> buffer;
   if (buffer.size() < elements) buffer.resize(elements);
   return buffer;
 }
 
-// One (batch, head) pair in bf16: scores = scale * q k^T in float32, their softmax rounded
-// to bf16, times v into the pair's head of `out`. Runs on the calling thread alone.
+// One (batch, head) pair in bf16: scores = scale * q k^T in float32, exp(scores - max)
+// rounded to bf16, times v in float32, each row divided by its sum of exps and rounded
+// to bf16 into the pair's head of `out`. Runs on the calling thread alone.
 void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
                       const uint16_t* v, const uint16_t* mask_rows, uint16_t* out) {
   using dnnl::memory;
   thread_local dnnl::stream stream(cpu());
-  float* scores = scores_buffer(a.lq * a.lk).data();
+  // the scores, then (once the exps are taken) the rows of the product with v
+  float* scores = scores_buffer(a.lq * std::max(a.lk, a.dv) + a.lq).data();
+  float* factors = scores + a.lq * std::max(a.lk, a.dv);
   uint16_t* probabilities = probabilities_buffer(a.lq * a.lk).data();
   auto& pad = scratchpad(a.scratch_bytes);
   const memory scratch({{static_cast<int64_t>(a.scratch_bytes)}, memory::data_type::u8,
@@ -236,14 +276,18 @@ void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
                                     {DNNL_ARG_DST, at(a.scores_md, scores)},
                                     {DNNL_ARG_SCRATCHPAD, scratch}});
   for (int64_t r = 0; r < a.lq; ++r) {
-    softmax_row(scores + r * a.lk, mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
-                a.zero_hidden_rows, probabilities + r * a.lk);
+    factors[r] = unnormalized_row(scores + r * a.lk,
+                                  mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
+                                  a.zero_hidden_rows, probabilities + r * a.lk);
   }
   a.output_product.execute(stream, {{DNNL_ARG_SRC, at(a.p_md, probabilities)},
                                     {DNNL_ARG_WEIGHTS, at(a.v_md, v)},
-                                    {DNNL_ARG_DST, at(a.out_md, out)},
+                                    {DNNL_ARG_DST, at(a.out_md, scores)},
                                     {DNNL_ARG_SCRATCHPAD, scratch}});
   stream.wait();
+  for (int64_t r = 0; r < a.lq; ++r) {
+    scaled_to_bf16(scores + r * a.dv, factors[r], a.dv, out + r * a.heads * a.dv);
+  }
 }
 
 void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
@@ -269,8 +313,8 @@ void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const
 }
 
 // The bf16 products of one pair, made for one thread: q [lq, d] times k^T [d, lk] (k's
-// rows read as columns) into float32 scores, scaled; bf16 probabilities [lq, lk] times
-// v [lk, dv] into the pair's head of the result, rows of heads * dv.
+// rows read as columns) into float32 scores, scaled; bf16 exps [lq, lk] times v [lk, dv]
+// into float32 [lq, dv], normalized and rounded afterwards.
 void make_bf16_products(Attention& a) {
   using dnnl::memory;
   using dt = memory::data_type;
@@ -279,7 +323,7 @@ void make_bf16_products(Attention& a) {
   a.scores_md = memory::desc({a.lq, a.lk}, dt::f32, memory::dims{a.lk, 1});
   a.p_md = memory::desc({a.lq, a.lk}, dt::bf16, memory::dims{a.lk, 1});
   a.v_md = memory::desc({a.lk, a.dv}, dt::bf16, memory::dims{a.v[2], 1});
-  a.out_md = memory::desc({a.lq, a.dv}, dt::bf16, memory::dims{a.heads * a.dv, 1});
+  a.out_md = memory::desc({a.lq, a.dv}, dt::f32, memory::dims{a.dv, 1});
   dnnl::post_ops scaled;
   scaled.append_eltwise(dnnl::algorithm::eltwise_linear, a.scale, 0.f);
   dnnl::primitive_attr scores_attr, output_attr;
