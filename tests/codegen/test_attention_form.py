@@ -184,6 +184,24 @@ def test_the_bf16_per_head_form_is_within_bf16_rounding_of_float64(batch, lq, lk
 
 
 @needs_low_per_head
+@pytest.mark.parametrize("layout", ["heads split", "contiguous", "columns strided"])
+def test_the_bf16_per_head_form_reads_any_layout(layout):
+    """oneDNN's bf16 products read a pair's rows dense: a head's strided rows are gathered
+    first, dense ones read in place; the result is the same."""
+    torch.manual_seed(0)
+    q, k, v = (_heads(2, n, 4, 16).bfloat16() for n in (9, 13, 13))
+    want = attention.PerHead(0.25, masked=False, hidden_rows=False, low=True)(q, k, v)
+    if layout == "contiguous":
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+    elif layout == "columns strided":
+        q, k, v = (x.transpose(2, 3).contiguous().transpose(2, 3) for x in (q, k, v))
+    got = attention.PerHead(0.25, masked=False, hidden_rows=False, low=True)(q, k, v)
+    torch.testing.assert_close(got, want, atol=0, rtol=0)
+    torch.testing.assert_close(got.double(), _low_reference(q, k, v, None, 0.25),
+                               atol=1e-2, rtol=1e-2)
+
+
+@needs_low_per_head
 def test_the_bf16_per_head_form_keeps_nan_and_reads_only_bf16():
     torch.manual_seed(0)
     q, k, v = (_heads(1, 20, 2, 8).bfloat16() for _ in range(3))
