@@ -219,14 +219,17 @@ def test_the_bf16_per_head_form_gives_the_same_result_under_any_thread_count():
     """Each pair's products are made for one thread: the team's size changes nothing."""
     torch.manual_seed(0)
     form = attention.PerHead(0.3, masked=False, hidden_rows=False, low=True)
-    q, k, v = (_heads(2, 30, 3, 16).bfloat16() for _ in range(3))
-    first = form(q, k, v)
     threads = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
-    finally:
-        torch.set_num_threads(threads)
+    for batch, heads in ((2, 3), (1, 1)):                # (one pair: still one thread's)
+        q, k, v = (_heads(batch, 30, heads, 16).bfloat16() for _ in range(3))
+        first = form(q, k, v)
+        try:
+            torch.set_num_threads(1)
+            torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
+        finally:
+            torch.set_num_threads(threads)
+        torch.testing.assert_close(first.double(), _low_reference(q, k, v, None, 0.3),
+                                   atol=1e-2, rtol=1e-2)
 
 
 def _node(causal=False, mask_dtype=None, seq=16, heads=2):

@@ -311,7 +311,9 @@ void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const
                  const uint16_t* mask, uint16_t* out) {
   const int64_t pairs = a.batch * a.heads;
   int failures = 0;
-#pragma omp parallel for schedule(static) reduction(+ : failures) if (pairs > 1)
+  // (always within the team, even for one pair: the products were made for one thread,
+  // which is what oneDNN gives a primitive called inside a parallel region)
+#pragma omp parallel for schedule(static) reduction(+ : failures)
   for (int64_t pair = 0; pair < pairs; ++pair) {
     const int64_t b = pair / a.heads, h = pair % a.heads;
     try {
@@ -330,8 +332,9 @@ void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const
 }
 
 // The bf16 products of one pair, made for one thread, on dense operands (`gathered`):
-// q [lq, d] times k^T [d, lk] (k's rows read as columns) into float32 scores, scaled; bf16 exps [lq, lk] times v [lk, dv]
-// into float32 [lq, dv], normalized and rounded afterwards.
+// q [lq, d] times k^T [d, lk] (k's rows read as columns) into float32 scores, scaled;
+// bf16 exps [lq, lk] times v [lk, dv] into float32 [lq, dv], normalized and rounded
+// afterwards.
 void make_bf16_products(Attention& a) {
   using dnnl::memory;
   using dt = memory::data_type;
