@@ -147,32 +147,43 @@ def _low_reference(q, k, v, mask, scale):
 
 
 @needs_low_per_head
-@pytest.mark.parametrize("batch, lq, lk", [(1, 7, 7), (2, 5, 9), (1, 33, 17), (1, 40, 1)])
-@pytest.mark.parametrize("mask", [None, "keys", "per batch", "full"])
+@pytest.mark.parametrize("batch, lq, lk", [(1, 7, 7), (2, 5, 9), (1, 33, 17), (1, 40, 1),
+                                          (1, 1, 9)])
+@pytest.mark.parametrize("mask", [None, "keys", "per batch", "full", "offset", "lowest"])
 @pytest.mark.parametrize("scale", [0.125, -0.5])
 def test_the_bf16_per_head_form_is_within_bf16_rounding_of_float64(batch, lq, lk, mask,
                                                                   scale):
-    """Its products read bf16 and accumulate in float32, its softmax is float32, and its
-    exps and result are rounded to bf16 once each: within a few parts in 1000 of float64
-    on the same bf16 operands (as torch's bf16 kernel), a hidden row 0."""
+    """Its products read bf16 and accumulate in float32, its softmax and mask are float32,
+    and its exps and result are rounded to bf16 once each: within a few parts in 1000 of
+    float64 on the same bf16 operands (as torch's bf16 kernel), a row hidden by -inf 0.
+    The mask is read in float32: a large bias ("offset") keeps its digits, and float32's
+    lowest value ("lowest", what padding masks use) hides nothing entirely, as in float32
+    (rounded to bf16 it would be -inf)."""
     torch.manual_seed(0)
     q, k, v = (_heads(batch, n, 3, 16).bfloat16() for n in (lq, lk, lk))
     shapes = {None: None, "keys": (lk,), "per batch": (batch, 1, 1, lk),
-              "full": (batch, 3, lq, lk)}
-    additive = None if mask is None else torch.randn(shapes[mask]).bfloat16()
-    if additive is not None and lk > 1:
+              "full": (batch, 3, lq, lk), "offset": (lk,), "lowest": (batch, 1, lq, lk)}
+    additive = None if mask is None else torch.randn(shapes[mask])
+    if mask in ("keys", "per batch", "full") and lk > 1:
         additive[..., 0] = float("-inf")                # a masked key
     if mask == "full":
-        additive[0, 1, 2] = float("-inf")              # a row hidden entirely: 0, not NaN
+        additive[0, 1, lq // 2] = float("-inf")         # a row hidden entirely: 0, not NaN
+    if mask == "offset":
+        additive -= 300.0
+    if mask == "lowest":
+        additive[..., -1] = torch.finfo(torch.float32).min
+        additive[0, 0, lq // 2] = torch.finfo(torch.float32).min   # every key of a row
     got = attention.PerHead(scale, additive is not None, hidden_rows=True, low=True)(
         q, k, v, additive)
     want = _low_reference(q, k, v, additive, scale)
     assert got.dtype == torch.bfloat16 and not got.isnan().any()
     torch.testing.assert_close(got.double(), want, atol=1e-2, rtol=1e-2)
     if mask == "full":
-        assert not got[0, 1, 2].any()
+        assert not got[0, 1, lq // 2].any()
     # laid out as the float32 form's result: [batch, lq, heads, dv] in memory
     assert got.transpose(1, 2).is_contiguous()
+    if mask in ("offset", "lowest"):
+        return  # (torch's bf16 kernel reads the mask rounded: another result)
     # as accurate as torch's own bf16 kernel on the same operands (relative L2 0.0017-0.0022
     # for both: each rounds the exps to bf16 and divides the result's rows by their sums)
     fused = _attention(q, k, v, additive, scale=scale, causal=False).double()
@@ -184,25 +195,28 @@ def test_the_bf16_per_head_form_is_within_bf16_rounding_of_float64(batch, lq, lk
 
 
 @needs_low_per_head
-@pytest.mark.parametrize("layout", ["heads split", "contiguous", "columns strided"])
+@pytest.mark.parametrize("layout", ["heads split", "columns strided", "from one product"])
 def test_the_bf16_per_head_form_reads_any_layout(layout):
     """oneDNN's bf16 products read a pair's rows dense: a head's strided rows are gathered
-    first, dense ones read in place; the result is the same."""
+    first, dense ones read in place; the result is the same bits."""
     torch.manual_seed(0)
     q, k, v = (_heads(2, n, 4, 16).bfloat16() for n in (9, 13, 13))
-    want = attention.PerHead(0.25, masked=False, hidden_rows=False, low=True)(q, k, v)
-    if layout == "contiguous":
-        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    elif layout == "columns strided":
+    form = attention.PerHead(0.25, masked=False, hidden_rows=False, low=True)
+    want = form(q.contiguous(), k.contiguous(), v.contiguous())      # dense rows
+    if layout == "columns strided":
         q, k, v = (x.transpose(2, 3).contiguous().transpose(2, 3) for x in (q, k, v))
-    got = attention.PerHead(0.25, masked=False, hidden_rows=False, low=True)(q, k, v)
+    elif layout == "from one product":  # q, k and v sliced from one [b, s, 3 * h * d]
+        q, k, v = (torch.cat([x.transpose(1, 2).reshape(2, -1, 64)] * 3, -1)
+                   .view(2, -1, 3, 4, 16)[:, :, i].transpose(1, 2) for i, x in enumerate((q, k, v)))
+        assert q.stride(2) == 3 * 64
+    got = form(q, k, v)
     torch.testing.assert_close(got, want, atol=0, rtol=0)
     torch.testing.assert_close(got.double(), _low_reference(q, k, v, None, 0.25),
                                atol=1e-2, rtol=1e-2)
 
 
 @needs_low_per_head
-def test_the_bf16_per_head_form_keeps_nan_and_reads_only_bf16():
+def test_the_bf16_per_head_form_keeps_nan_and_reads_only_its_types():
     torch.manual_seed(0)
     q, k, v = (_heads(1, 20, 2, 8).bfloat16() for _ in range(3))
     q[0, 0, 3, 1] = float("nan")                         # one query's row: all NaN
@@ -212,24 +226,54 @@ def test_the_bf16_per_head_form_keeps_nan_and_reads_only_bf16():
     assert not got[0, 1].isnan().any()
     with pytest.raises(ValueError, match="bfloat16"):
         form(q.float(), k, v)
+    masked = attention.PerHead(0.5, masked=True, hidden_rows=False, low=True)
+    with pytest.raises(ValueError, match="mask"):
+        masked(q, k, v, torch.zeros(20).bfloat16())        # the mask stays float32
+    with pytest.raises(ValueError, match="without its mask"):
+        masked(q, k, v)
 
 
 @needs_low_per_head
 def test_the_bf16_per_head_form_gives_the_same_result_under_any_thread_count():
-    """Each pair's products are made for one thread: the team's size changes nothing."""
+    """Each pair's products are made for one thread: the team's size, at its making or at
+    a call, changes nothing."""
     torch.manual_seed(0)
-    form = attention.PerHead(0.3, masked=False, hidden_rows=False, low=True)
     threads = torch.get_num_threads()
     for batch, heads in ((2, 3), (1, 1)):                # (one pair: still one thread's)
         q, k, v = (_heads(batch, 30, heads, 16).bfloat16() for _ in range(3))
-        first = form(q, k, v)
+        made_in_team = attention.PerHead(0.3, masked=False, hidden_rows=False, low=True)
+        made_alone = attention.PerHead(0.3, masked=False, hidden_rows=False, low=True)
+        first = made_in_team(q, k, v)
         try:
             torch.set_num_threads(1)
-            torch.testing.assert_close(form(q, k, v), first, atol=0, rtol=0)
+            alone = made_alone(q, k, v)                   # made under one thread
+            torch.testing.assert_close(made_in_team(q, k, v), first, atol=0, rtol=0)
         finally:
             torch.set_num_threads(threads)
+        torch.testing.assert_close(alone, first, atol=0, rtol=0)
+        torch.testing.assert_close(made_alone(q, k, v), first, atol=0, rtol=0)
         torch.testing.assert_close(first.double(), _low_reference(q, k, v, None, 0.3),
                                    atol=1e-2, rtol=1e-2)
+
+
+@needs_low_per_head
+def test_a_model_s_bf16_per_head_step_reads_its_mask_in_float32(monkeypatch):
+    """A constant padding mask of float32's lowest value, as models build it: the bf16
+    per-head step keeps it finite (hides nothing entirely), as the float32 forms do."""
+    monkeypatch.setattr(attention, "choose", lambda node, db=None, mask=None, **_:
+                        attention.LOW_PER_HEAD)
+    _, node = _node(mask_dtype=torch.float32, seq=8)
+    constant = torch.zeros(1, 1, 1, 8)
+    constant[..., 6:] = torch.finfo(torch.float32).min
+    name, step, reads = attention.measured(node, constant_mask=constant, precision="bf16")
+    assert name == attention.LOW_PER_HEAD and reads == 4
+    q, k, v = (_heads(1, 8, 2, 8) for _ in range(3))
+    (got,) = step(q, k, v, constant)
+    (handed_on,) = step(q, k, v, constant.bfloat16().float().bfloat16())   # a bf16 mask
+    want = attention.PerHead(0.3, masked=True, hidden_rows=False)(q, k, v, constant)
+    assert got.dtype == torch.float32 and not got.isnan().any()
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    assert not handed_on.isnan().any()
 
 
 def _node(causal=False, mask_dtype=None, seq=16, heads=2):
@@ -431,9 +475,10 @@ def test_under_bf16_the_fused_kernel_on_bf16_operands_is_a_form_too(monkeypatch)
     measured = _measured_forms(monkeypatch)
     assert attention.choose(node, precision="bf16") in attention._offered(node, "bf16")
     assert set(measured) == set(attention._offered(node, "bf16"))
-    for form in low_forms:
+    for form in low_forms:  # (the per-head form reads its mask in float32)
         operands = measured[form].measured_args(attention._examples(node, mask))
-        assert all(t.dtype == torch.bfloat16 for t in operands)
+        mask_type = torch.float32 if form == attention.LOW_PER_HEAD else torch.bfloat16
+        assert [t.dtype for t in operands] == [torch.bfloat16] * 3 + [mask_type]
 
 
 @needs_bf16

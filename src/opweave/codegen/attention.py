@@ -76,8 +76,8 @@ class PerHead:
     object per layout of the operands (made at its first call with that layout). A call
     reports itself to a native plan's recorder like a generated kernel: output, query,
     key, value, the object's address as a constant int64 tensor, then the mask.
-    `low`: operands, mask and result in bf16, each pair's products on oneDNN's bf16
-    matmul, its scores and softmax in float32 (the form "per-head-bf16")."""
+    `low`: query, key, value and result in bf16, each pair's products on oneDNN's bf16
+    matmul, its scores, softmax and mask in float32 (the form "per-head-bf16")."""
 
     def __init__(self, scale: float, masked: bool, hidden_rows: bool, low: bool = False):
         self.scale, self.masked, self.hidden_rows = scale, masked, hidden_rows
@@ -95,8 +95,8 @@ class PerHead:
                 handle = lib.ow_attention_create((ctypes.c_int64 * len(geometry))(*geometry),
                                                  self.scale, flags, error, len(error))
                 if not handle:
-                    raise RuntimeError(f"the per-head attention {geometry} was refused: "
-                                       f"{error.value.decode(errors='replace')}")
+                    raise Refused(f"the per-head attention {geometry} was refused: "
+                                  f"{error.value.decode(errors='replace')}")
                 weakref.finalize(self, lib.ow_attention_destroy, handle)
                 self._made[geometry] = torch.tensor([handle], dtype=torch.int64)
             return self._made[geometry]
@@ -107,9 +107,12 @@ class PerHead:
         if k.shape != (b, h, lk, d) or v.shape != (b, h, lk, dv):
             raise ValueError(f"per-head attention: query {tuple(q.shape)}, key "
                              f"{tuple(k.shape)} and value {tuple(v.shape)} do not fit")
-        given = [x.dtype for x in (q, k, v, mask) if x is not None]
-        if any(t != self.dtype for t in given[:3 + self.masked]):
-            raise ValueError(f"per-head attention in {self.dtype}: given {given}")
+        if self.masked and mask is None:
+            raise ValueError("a masked per-head attention was called without its mask")
+        given = [x.dtype for x in (q, k, v)] + ([mask.dtype] if self.masked else [])
+        if given != [self.dtype] * 3 + [torch.float32] * self.masked:
+            raise ValueError(f"per-head attention in {self.dtype} (a float32 mask): query, "
+                             f"key, value{', mask' * self.masked} given in {given}")
         q, k, v = (_dense_rows(x) for x in (q, k, v))
         operands = [q, k, v]
         mask_strides = (0, 0, 0)
@@ -124,6 +127,11 @@ class PerHead:
         onednn_direct.run_recorded(onednn_direct.library().ow_attention_run,
                                    [out, *operands[:3], context, *operands[3:]])
         return out.transpose(1, 2)
+
+
+class Refused(RuntimeError):
+    """oneDNN's module refused a per-head attention's native object (for its bf16 form:
+    no bf16 products but the reference ones here)."""
 
 
 def _dense_rows(t: torch.Tensor) -> torch.Tensor:
@@ -254,7 +262,7 @@ def choose(node: Node, db: tune.TuningDB | None = None, mask: Mask | None = None
     for name in offered[1:]:  # a form must agree with the fused kernel to be measured
         try:
             got = forms[name](*args)
-        except RuntimeError as err:  # its native object was refused: not offered here
+        except Refused as err:  # its native object was refused: not offered here
             warn_once(f"opweave: attention's form {name!r} is not offered here: {err}",
                       onednn_direct.OneDNNWarning)
             del forms[name]
@@ -301,16 +309,19 @@ class _OnBf16:
         return self._form(*args)[0]
 
     def measured_args(self, args: list) -> list:
-        return [prec.narrow(a) for a in args]
+        return self._form.operands(args)
 
 
 def _low_form(name: str, scale: float, mask: Mask) -> prec.LowPrecisionCall:
-    """The bf16 form `name` (the fused kernel or the per-head form, on bf16 operands, a
-    float32 mask rounded too) as a step function: its result widened to float32 unless
-    only bf16 steps read it."""
+    """The bf16 form `name` as a step function: its result widened to float32 unless only
+    bf16 steps read it. The fused kernel reads its mask rounded to bf16 too (as torch's
+    autocast gives it); the per-head form reads it in float32, which keeps a mask of
+    float32's lowest value finite and a large bias exact."""
     if name == LOW_PER_HEAD:
         form = PerHead(scale, not mask.dropped, mask.hidden_rows, low=True)
-        return prec.LowPrecisionCall(lambda *args: [form(*args)])
+        # (a mask another bf16 step handed on in bf16 is widened back)
+        return prec.LowPrecisionCall(
+            lambda q, k, v, *m: [form(q, k, v, *(prec.widen(x) for x in m))], narrowed=3)
     return prec.LowPrecisionCall(
         lambda q, k, v, *m: [_attention(q, k, v, *m, scale=scale, causal=False)])
 

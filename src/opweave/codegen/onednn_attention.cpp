@@ -10,7 +10,8 @@
 // two new tensors per call, ran the softmax as a pass of its own, and copied the result
 // once more.
 //
-// In bf16 (flag 4: the form "per-head-bf16"), q, k, v, the mask and the result are bf16:
+// In bf16 (flag 4: the form "per-head-bf16"), q, k, v and the result are bf16 (the mask
+// stays float32: rounded, float32's lowest would become -inf and hide a row):
 // each thread runs two oneDNN matmul primitives made once for one thread (sgemm has no
 // bf16 sibling in oneDNN's C API), the scores accumulate and the softmax computes in
 // float32, and the exps are rounded to bf16 for the second product (as torch's bf16
@@ -118,7 +119,7 @@ inline Floats load_part(const float* from, int64_t count, float fill) {
   return v;
 }
 
-// bf16 <-> float32, lane by lane: rounded to nearest, ties to even, a NaN kept quiet (as
+// float32 -> bf16, lane by lane: rounded to nearest, ties to even, a NaN kept quiet (as
 // torch and oneDNN convert)
 inline Halves to_bf16(Floats v) {
   Uints bits;
@@ -128,21 +129,12 @@ inline Halves to_bf16(Floats v) {
   return converted<Halves>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : nearest);
 }
 
-inline float widened(float x) { return x; }
-inline float widened(uint16_t x) {
-  const uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float value;
-  std::memcpy(&value, &bits, sizeof value);
-  return value;
-}
-
 // Adds the mask's row (if any) to `n` scores and returns their maximum: NaN where one is
 // NaN. Whole vectors are read where they are; the last, partial one is padded with -inf.
-template <typename Mask>
-float masked_maximum(float* __restrict x, const Mask* __restrict mask, int64_t n) {
+float masked_maximum(float* __restrict x, const float* __restrict mask, int64_t n) {
   const int64_t whole = n / kLanes * kLanes, tail = n - whole;
   if (mask) {
-    for (int64_t j = 0; j < n; ++j) x[j] += widened(mask[j]);
+    for (int64_t j = 0; j < n; ++j) x[j] += mask[j];
   }
   Floats top = -__builtin_inff() + Floats{};
   Ints nan = Ints{};
@@ -214,7 +206,7 @@ void softmax_row(float* __restrict x, const float* __restrict mask, int64_t n,
 // to bf16 into `low`, and the factor the row of `low`'s product with v is to be multiplied
 // by (1 / their sum; 1 for a row hidden entirely, whose `low` is 0). Normalizing the
 // result's dv values instead of the row's lk saves a pass over the scores.
-float unnormalized_row(float* __restrict x, const uint16_t* __restrict mask, int64_t n,
+float unnormalized_row(float* __restrict x, const float* __restrict mask, int64_t n,
                        bool zero_hidden, uint16_t* __restrict low) {
   const float most = masked_maximum(x, mask, n);
   if (zero_hidden && most == -__builtin_inff()) {
@@ -268,7 +260,7 @@ const uint16_t* gathered(const uint16_t* from, int64_t rows, int64_t length, int
 // rounded to bf16, times v in float32, each row divided by its sum of exps and rounded
 // to bf16 into the pair's head of `out`. Runs on the calling thread alone.
 void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
-                      const uint16_t* v, const uint16_t* mask_rows, uint16_t* out) {
+                      const uint16_t* v, const float* mask_rows, uint16_t* out) {
   using dnnl::memory;
   thread_local dnnl::stream stream(cpu());
   // the scores, then (once the exps are taken) the rows of the product with v
@@ -292,6 +284,7 @@ void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
                                     {DNNL_ARG_WEIGHTS, at(a.k_md, k)},
                                     {DNNL_ARG_DST, at(a.scores_md, scores)},
                                     {DNNL_ARG_SCRATCHPAD, scratch}});
+  stream.wait();  // (a no-op with OpenMP, where execution is synchronous)
   for (int64_t r = 0; r < a.lq; ++r) {
     factors[r] = unnormalized_row(scores + r * a.lk,
                                   mask_rows ? mask_rows + r * a.mask[2] : nullptr, a.lk,
@@ -308,7 +301,7 @@ void attend_pair_bf16(const Attention& a, const uint16_t* q, const uint16_t* k,
 }
 
 void attend_bf16(const Attention& a, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                 const uint16_t* mask, uint16_t* out) {
+                 const float* mask, uint16_t* out) {
   const int64_t pairs = a.batch * a.heads;
   int failures = 0;
   // (always within the team, even for one pair: the products were made for one thread,
@@ -410,7 +403,7 @@ extern "C" {
 // geometry: batch, heads, lq, lk, d, dv, then the strides (elements) of batch, head and
 // row of q, k, v and the mask (0 for a broadcast dimension; ignored without a mask); the
 // last dimension of each is dense. flags: 1 a mask is given, 2 a row it hides entirely is
-// 0 (not NaN), 4 bf16 operands, mask and result (else float32).
+// 0 (not NaN), 4 bf16 operands and result (else float32; the mask is float32 in both).
 void* ow_attention_create(const int64_t* geometry, float scale, int flags, char* error,
                           int error_size) {
   try {
@@ -444,7 +437,7 @@ void ow_attention_destroy(void* handle) { delete static_cast<per_head::Attention
 void ow_attention_run(void** args) {
   const auto& a = *reinterpret_cast<per_head::Attention*>(*static_cast<int64_t*>(args[4]));
   if (a.low) {
-    const auto* mask = a.masked ? static_cast<const uint16_t*>(args[5]) : nullptr;
+    const auto* mask = a.masked ? static_cast<const float*>(args[5]) : nullptr;
     per_head::attend_bf16(a, static_cast<const uint16_t*>(args[1]),
                           static_cast<const uint16_t*>(args[2]),
                           static_cast<const uint16_t*>(args[3]), mask,

@@ -48,16 +48,22 @@ def widen(t: torch.Tensor) -> torch.Tensor:
 
 class LowPrecisionCall:
     """A step's function (tensors in, a list of tensors out) computed on bfloat16 operands
-    (float32 ones are rounded; bf16 ones pass as they are). Its results are widened back to
+    (float32 ones are rounded; bf16 ones pass as they are): all its arguments, or its first
+    `narrowed` (an attention's mask may stay float32). Its results are widened back to
     float32, except those at the positions in `keep_low`: outputs that only bf16 steps
     read, which `hand_off_in_bf16` leaves in bf16 to save a conversion each way."""
 
-    def __init__(self, fn: Callable):
-        self.fn = fn
+    def __init__(self, fn: Callable, narrowed: int | None = None):
+        self.fn, self.narrowed = fn, narrowed
         self.keep_low: frozenset[int] = frozenset()
 
+    def operands(self, args) -> list:
+        """`args` as `fn` reads them: the float32 ones it takes in bf16 rounded."""
+        count = len(args) if self.narrowed is None else self.narrowed
+        return [narrow(a) if i < count else a for i, a in enumerate(args)]
+
     def __call__(self, *args):
-        outs = self.fn(*[narrow(a) for a in args])
+        outs = self.fn(*self.operands(args))
         return [y if i in self.keep_low else widen(y) for i, y in enumerate(outs)]
 
 
