@@ -20,7 +20,7 @@ float32's accuracy (codegen/precision.py). Each anchor group also has its refere
 """
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Callable
 
 import torch
@@ -502,24 +502,36 @@ def _int8_direct_conv(graph, anchor, ep, out_shape, inplace=False):
     return build
 
 
-def _int8_direct_linear(graph, anchor, ep, out_shape):
-    """The int8 form of a linear group on oneDNN's own library: `build` as `_int8_linear`'s
-    (a residual it adds is float32, and so is its result then)."""
+def _int8_direct_product(graph, anchor, ep) -> Callable:
+    """`make(**quantization)`: a linear group's direct int8 primitive, its
+    `Int8Quantization` given all but the weight's scales, made at once, so that
+    ReferenceOnly is raised there. Its int8 weight, scales and bias are taken now, at
+    compile time. A residual it adds is float32, and so is its result then."""
     m, k = anchor.inputs[0].type.shape
     n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
     qweight, scales = _int8_weight(graph, anchor)
-    qweight = qweight.t()                                    # [K, N]
     b = _bias_input(anchor, ep)
     bias = None if b is None else constant_of(graph, b).reshape(n)
-    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
     unary = _direct_unary(ep)
+    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
+
+    def make(**quantization) -> onednn_direct.DirectLinear:
+        quant = onednn_direct.Int8Quantization(weight_scales=scales, **quantization)
+        product = onednn_direct.DirectLinear((m, k, n), qweight.t(), bias, unary, binary,
+                                             quant=quant)
+        product.implementation()
+        return product
+    return make
+
+
+def _int8_direct_linear(graph, anchor, ep, out_shape):
+    """The int8 form of a linear group on oneDNN's own library: `build` as `_int8_linear`'s."""
+    m, n = anchor.inputs[0].type.shape[0], anchor.inputs[1].type.shape[1]
+    make = _int8_direct_product(graph, anchor, ep)
 
     def build(scale, zero_point, out, accum):
         to_codes = quantize.Quantizer(scale, zero_point)
-        product = onednn_direct.DirectLinear(
-            (m, k, n), qweight, bias, unary, binary,
-            quant=onednn_direct.Int8Quantization(scale, zero_point, scales, out))
-        product.implementation()
+        product = make(scale=scale, zero_point=zero_point, out=out)
 
         def run(x, other=None):
             residual = None if other is None else other.reshape(m, n)
@@ -532,17 +544,10 @@ def _int8_direct_dynamic(graph, anchor, ep, out_shape) -> dict:
     """{"onednn-int8-direct": a linear group on oneDNN's own int8 primitive, its activation
     quantized at each call's own range}, or nothing where the primitive cannot be made
     (said once: torch's dynamic int8 form remains)."""
-    m, k = anchor.inputs[0].type.shape
-    n = anchor.inputs[1].type.shape[1]                       # the weight is [K, N]
-    qweight, scales = _int8_weight(graph, anchor)
-    b = _bias_input(anchor, ep)
-    binary = onednn_direct.NO_BINARY if ep.binary is None else onednn_direct.ADD
+    m, n = anchor.inputs[0].type.shape[0], anchor.inputs[1].type.shape[1]
     try:
-        product = onednn_direct.DirectLinear(
-            (m, k, n), qweight.t(), None if b is None else constant_of(graph, b).reshape(n),
-            _direct_unary(ep), binary,
-            quant=onednn_direct.Int8Quantization(1.0, 0, scales, dynamic=True))
-        product.implementation()
+        product = _int8_direct_product(graph, anchor, ep)(scale=1.0, zero_point=0,
+                                                           dynamic=True)
     except (onednn_direct.ReferenceOnly, RuntimeError, ValueError) as err:
         _no_direct_int8(anchor, err)
         return {}
@@ -628,9 +633,8 @@ def _int8_weight(graph, anchor) -> tuple[torch.Tensor, torch.Tensor]:
     w = constant_of(graph, anchor.inputs[1])
     linear = anchor.op == "matmul"
     suffix = "-t" if linear else ""
-
-    def qparams():
-        return quantize.weight_qparams(w.t() if linear else w)
+    # (one quantization for both, where neither is shared yet)
+    qparams = cache(lambda: quantize.weight_qparams(w.t() if linear else w))
     return (shared_constants.derived("int8-weight" + suffix, [w], (), lambda: qparams()[0]),
             shared_constants.derived("int8-scales" + suffix, [w], (), lambda: qparams()[1]))
 

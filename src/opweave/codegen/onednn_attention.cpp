@@ -119,14 +119,11 @@ inline Floats load_part(const float* from, int64_t count, float fill) {
   return v;
 }
 
-// float32 -> bf16, lane by lane: rounded to nearest, ties to even, a NaN kept quiet (as
-// torch and oneDNN convert)
+// float32 -> bf16, lane by lane (onednn_direct.cpp's `rounded`)
 inline Halves to_bf16(Floats v) {
   Uints bits;
   std::memcpy(&bits, &v, sizeof bits);
-  const Uints nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const Uints quiet = (bits | 0x00400000u) >> 16;
-  return converted<Halves>((bits & 0x7fffffffu) > 0x7f800000u ? quiet : nearest);
+  return converted<Halves>(rounded(bits) >> 16);
 }
 
 // Adds the mask's row (if any) to `n` scores and returns their maximum: NaN where one is

@@ -197,11 +197,13 @@ inline float float_of(uint32_t bits) {
 }
 
 // A float's bits rounded to bf16 (to nearest, ties to even, as oneDNN and torch convert;
-// a NaN stays a quiet NaN), in the top half
-inline uint32_t rounded(uint32_t bits) {
-  const bool nan = (bits & 0x7fffffffu) > 0x7f800000u;
-  const uint32_t nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
-  return nan ? ((bits | 0x00400000u) & 0xffff0000u) : nearest;
+// a NaN stays a quiet NaN), in the top half; of one float, or lane by lane of a vector of
+// them (GCC's vector extensions: onednn_attention.cpp)
+template <typename Bits>
+inline Bits rounded(Bits bits) {
+  const Bits nearest = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;
+  const Bits quiet = (bits | 0x00400000u) & 0xffff0000u;
+  return (bits & 0x7fffffffu) > 0x7f800000u ? quiet : nearest;
 }
 
 // What is left of `x` after its bf16 part `part`; 0 after an infinite or NaN part (such a
