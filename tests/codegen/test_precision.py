@@ -244,6 +244,71 @@ def test_a_result_only_bf16_steps_read_is_handed_on_in_bf16():
         torch.testing.assert_close(got, widened(x), rtol=0, atol=0)
 
 
+def test_a_mixed_call_computes_in_float32_on_a_bf16_operand():
+    """A layer norm handed a bf16 operand computes on it in float32 (torch's mixed-dtype
+    kernel): rounded once where only bf16 steps read its result; where float32 is wanted,
+    exactly the float32 norm of the widened operand."""
+    torch.manual_seed(0)
+    x = torch.randn(64, 96).to(torch.bfloat16)
+    weight, bias = torch.randn(96), torch.randn(96)
+    norm = lambda t, w, b: list(torch.ops.aten.native_layer_norm(t, [96], w, b, 1e-5))  # noqa: E731
+    exact = norm(x.float(), weight, bias)
+    call = precision.MixedCall(norm)
+    wide = call(x, weight, bias)
+    assert [y.dtype for y in wide] == [torch.float32] * 3
+    for got, want in zip(wide, exact):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    call.keep_low = frozenset({0})
+    low = call(x, weight, bias)
+    assert low[0].dtype == torch.bfloat16 and low[1].dtype == torch.float32
+    # the float32 result rounded once: at most a bf16 unit where float32's own rounding
+    # of the norm differs between torch's kernels
+    ulp = exact[0].abs().clamp_min(1e-30) * 2.0 ** -7
+    assert ((low[0].float() - exact[0]).abs() <= ulp).all()
+    assert (low[0] != exact[0].to(torch.bfloat16)).float().mean() < 1e-3
+    # a float32 operand (its producer hands on float32) is rounded after the norm
+    torch.testing.assert_close(call(x.float(), weight, bias)[0], exact[0].to(torch.bfloat16),
+                               rtol=0, atol=0)
+
+
+@needs_bf16
+def test_a_layer_norm_between_bf16_products_reads_and_writes_bf16():
+    """Linear (no bias: the norm is a step of its own, not fused with the add) ->
+    LayerNorm -> Linear: the norm is read only by a bf16 product and reads only one, so the first product hands it its result in bf16 and it hands its own on in
+    bf16 (no widened copies). It still computes in float32: the output agrees with the
+    path that widens every result within float32's noise on the rounding, far inside
+    bf16's error; a norm whose result is the graph's output writes float32."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.LayerNorm(128), nn.Linear(128, 32)).eval()
+    x = torch.randn(48, 64)
+    with torch.no_grad():
+        reference = model.double()(x.double())
+        model.float()
+        compiled = opweave.compile(model, (x,), options=_options("bf16"))
+        got = compiled(x)
+        steps = compiled.program.compiled_graphs[0].executor.lowered_steps
+        norms = [s for s in steps if isinstance(s.fn, precision.MixedCall)]
+        assert len(norms) == 1 and norms[0].fn.keep_low == frozenset({0})
+        first = precision.low_precision_call(next(s for s in steps if s.precision == "bf16"))
+        assert first.keep_low == frozenset({0})
+        widened = opweave.compile(model, (x,), options=_options("bf16"))
+        for s in widened.program.compiled_graphs[0].executor.lowered_steps:
+            call = s.fn if isinstance(s.fn, precision.MixedCall) else precision.low_precision_call(s)
+            if call is not None:
+                call.keep_low = frozenset()
+        assert got.dtype == torch.float32
+        assert _rel_l2(got, widened(x).double()) < 1e-3
+        assert _rel_l2(got, reference) < BF16_REL_L2
+
+        last = nn.Sequential(nn.Linear(64, 128, bias=False), nn.LayerNorm(128)).eval()
+        compiled = opweave.compile(last, (x,), options=_options("bf16"))
+        norm = next(s for s in compiled.program.compiled_graphs[0].executor.lowered_steps
+                    if isinstance(s.fn, precision.MixedCall))
+        assert norm.fn.keep_low == frozenset()
+        assert compiled(x).dtype == torch.float32
+        assert _rel_l2(compiled(x), last.double()(x.double())) < BF16_REL_L2
+
+
 def test_without_bf16_it_computes_in_float32_and_says_so(monkeypatch):
     """Where torch's oneDNN has no bf16 (an AVX2-only CPU: it refuses to pack a bf16
     weight), the model computes in float32, with one warning, instead of failing."""

@@ -72,6 +72,8 @@ def op_step(node: Node, precision: str = "fp32") -> Step:
     if prec.applies(precision, node.op):
         return Step(prec.LowPrecisionCall(fn), list(node.inputs), list(node.outputs), [node],
                     "op", f"{node.op} [{precision}]", precision=precision)
+    if precision == "bf16" and node.op in prec.MIXED_OPS:
+        fn = prec.MixedCall(fn)
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 
