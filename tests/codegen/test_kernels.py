@@ -405,6 +405,57 @@ def test_max_pool_kernel_matches_torch_in_both_layouts(shape, kernel, stride, pa
     torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
 
 
+def _bf16_pool_input(shape) -> torch.Tensor:
+    """bf16 values with NaNs of both signs (a negative NaN's key is below -inf's: only its
+    flag finds it), infinities and negative zeros."""
+    data = torch.randn(shape)
+    flat = data.view(-1)
+    flat[::97] = float("nan")
+    flat[3::101] = -torch.tensor(float("nan"))  # its sign bit set: below -inf as a key
+    flat[5::89] = float("-inf")
+    flat[7::83] = float("inf")
+    flat[11::79] = -0.0
+    return data.to(torch.bfloat16)
+
+
+@needs_gxx
+@pytest.mark.parametrize("op,attrs,shape", [
+    ("max_pool2d", {"kernel": [3, 3], "stride": [2, 2], "padding": [1, 1], "ceil_mode": False},
+     (1, 64, 30, 30)),                                        # ResNet's, smaller
+    ("max_pool2d", {"kernel": [3, 2], "stride": [2, 3], "padding": [1, 0], "ceil_mode": True},
+     (2, 300, 9, 11)),                                        # many channels, parallel rows
+    ("adaptive_max_pool2d", {"output_size": [1, 8]}, (1, 32, 1, 493)),  # XML-CNN's
+])
+def test_max_pool_kernels_on_bf16_give_the_float32_result_rounded(op, attrs, shape):
+    """A bf16 input runs the kernel's bf16 form (integer keys, no widened copy) in both
+    layouts; its result is torch's float32 pooling of the widened input, rounded: the
+    same bits, NaNs where it has them."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType(shape, torch.float32))
+    g.outputs = [g.add1(op, [x], attrs)]
+    lowered = lower(g, "greedy", measure=False)
+    kernel = lowered.steps[0].fn
+    assert kernel.passes_bf16
+    torch_ops, kernel.fallback = kernel.fallback, _refuse
+    data = _bf16_pool_input(shape)
+    pool = getattr(torch.nn.functional, op)
+    args = ([attrs["output_size"]] if op.startswith("adaptive") else
+            [attrs["kernel"], attrs["stride"], attrs["padding"]])
+    kwargs = {} if op.startswith("adaptive") else {"ceil_mode": attrs["ceil_mode"]}
+    want = pool(data.float(), *args, **kwargs).to(torch.bfloat16)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        (got,) = kernel(data.contiguous(memory_format=layout))  # a bf16 step hands it so
+        assert got.dtype == torch.bfloat16
+        # equal values (+0 and -0 count as equal: which zero wins a window holding both
+        # follows the order of its elements in float32, not here)
+        torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=0)
+    kernel.fallback = torch_ops
+    # other layouts run torch's kernel, in bf16 too
+    wide = torch.empty(*shape[:-1], 2 * shape[-1], dtype=torch.bfloat16)
+    wide[..., ::2] = data
+    torch.testing.assert_close(kernel(wide[..., ::2])[0], want, equal_nan=True, rtol=0, atol=0)
+
+
 @needs_gxx
 def test_max_pool_with_indices_or_dilation_stays_in_torch():
     for extra in ({"with_indices": True}, {"dilation": [2, 2]}):

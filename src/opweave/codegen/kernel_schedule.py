@@ -179,7 +179,7 @@ def _measure_all(kernels: list[tuple[KernelSource, Rerender]]) -> list[KernelSou
 
 
 def build_functions(sources: list[KernelSource], per_unit: int = 16) -> dict[str, Callable]:
-    """Every function of `sources` (each kernel and its channels-last variant), built in
+    """Every function of `sources` (each kernel and its variants: channels-last, bf16), built in
     translation units of `per_unit` kernels, in parallel; raises build.BuildError."""
     unique = {s.name: s for s in sources}
     names = list(unique)
@@ -189,12 +189,11 @@ def build_functions(sources: list[KernelSource], per_unit: int = 16) -> dict[str
     for unit, lib in zip(units, libs):
         lib.ow_set_threads(torch.get_num_threads())
         for n in unit:
-            for name in (n, unique[n].channels_last_name):
-                if name is not None:
-                    fn = getattr(lib, name)
-                    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
-                    fn.restype = None
-                    functions[name] = fn
+            for name in unique[n].function_names():
+                fn = getattr(lib, name)
+                fn.argtypes = [ctypes.POINTER(ctypes.c_void_p)]
+                fn.restype = None
+                functions[name] = fn
     return functions
 
 

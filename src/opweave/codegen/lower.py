@@ -362,56 +362,74 @@ def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
     for (step, _, _), src in zip(pending, chosen):
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
         step.name = src.name
+        bf16 = [functions.get(n) for n in src.bf16_names or ()]
         step.fn = CppKernel(functions[src.name], src, fallback,
-                            functions.get(src.channels_last_name))
+                            functions.get(src.channels_last_name), *bf16)
 
 
 class CppKernel:
     """Calls one generated kernel: allocates its outputs, passes contiguous inputs. A
     layout-free kernel given inputs that share one dense layout (channels-last
     activations) runs in that layout and writes its outputs in it, copying nothing; a
-    kernel with a channels-last variant runs that on channels-last inputs."""
+    kernel with a channels-last variant runs that on channels-last inputs. A kernel with
+    bf16 variants (`passes_bf16`) runs them on a bf16 input, writing bf16 outputs."""
 
     # runtime.native sets this while it records a call: told each kernel's address and
     # pointer arguments, so the native plan can call the kernel itself
     recording: Callable | None = None
 
     def __init__(self, fn, src: KernelSource, fallback: Callable | None = None,
-                 channels_last_fn=None):
-        self.fn = fn
+                 channels_last_fn=None, bf16_fn=None, bf16_channels_last_fn=None):
         self.fallback = fallback  # for inputs that are not contiguous, if given
         self.source = src  # what the profiler shows of it
-        self.address = ctypes.cast(fn, ctypes.c_void_p).value
         self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
         self.layout_free = src.layout_free
-        # the same kernel for a channels-last input (its outputs row-major), if it has one
-        self.channels_last = None if channels_last_fn is None else \
-            (channels_last_fn, ctypes.cast(channels_last_fn, ctypes.c_void_p).value)
+        # the kernel, and the same for a channels-last input (its outputs row-major, or
+        # channels-last where `channels_last_out`), if it has one: in float32 and in bf16
+        self.functions = {torch.float32: (_addressed(fn), _addressed(channels_last_fn))}
+        if bf16_fn is not None:
+            self.functions[torch.bfloat16] = (_addressed(bf16_fn),
+                                              _addressed(bf16_channels_last_fn))
         self.channels_last_out = src.channels_last_out
 
+    @property
+    def passes_bf16(self) -> bool:
+        """Whether it computes on a bf16 input what it computes on the widened one, rounded
+        (codegen/precision.hand_off_in_bf16 hands it bf16 results)."""
+        return torch.bfloat16 in self.functions
+
     def __call__(self, *inputs):
-        fn, address = self.fn, self.address
+        low = inputs[0].dtype == torch.bfloat16 and self.passes_bf16
+        (fn, address), channels_last = self.functions[torch.bfloat16 if low else torch.float32]
+        out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] if low \
+            else self.out_types
+        layout_kernel = False
         if not all(x.is_contiguous() for x in inputs):
-            if self.channels_last is not None and _same_dense_layout(inputs):
-                fn, address = self.channels_last
+            if channels_last is not None and _same_dense_layout(inputs):
+                (fn, address), layout_kernel = channels_last, True
             elif self.fallback is not None:
                 return self.fallback(*inputs)
-        if fn is not self.fn:
+        if layout_kernel:
             layout = torch.channels_last if self.channels_last_out else torch.contiguous_format
             outs = [torch.empty(shape, dtype=dtype, memory_format=layout)
-                    for shape, dtype in self.out_types]
+                    for shape, dtype in out_types]
             ins = inputs
         elif self.layout_free and not inputs[0].is_contiguous() and _same_dense_layout(inputs):
-            outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in self.out_types]
+            outs = [torch.empty_like(inputs[0], dtype=dtype) for _, dtype in out_types]
             ins = inputs
         else:
-            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in self.out_types]
+            outs = [torch.empty(shape, dtype=dtype) for shape, dtype in out_types]
             ins = [x if x.is_contiguous() else x.contiguous() for x in inputs]
         if CppKernel.recording is not None:
             CppKernel.recording(address, [*outs, *ins])
         fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
         return outs
+
+
+def _addressed(fn) -> tuple | None:
+    """A kernel function with its address (what a native plan's record holds), or None."""
+    return None if fn is None else (fn, ctypes.cast(fn, ctypes.c_void_p).value)
 
 
 def _same_dense_layout(tensors) -> bool:

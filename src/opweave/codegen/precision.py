@@ -103,13 +103,29 @@ def low_precision_call(step) -> LowPrecisionCall | None:
     return fn if isinstance(fn, LowPrecisionCall) else None
 
 
+# single ops that compute on bf16 operands exactly what they compute on the widened ones,
+# rounded (they only move or pick elements), besides views
+PASSING_OPS = frozenset({"cat"})
+
+
+def passes_bf16(step) -> bool:
+    """Whether `step` hands a bf16 operand on as bf16, computing on it exactly what it
+    computes on the widened one: a single view op or `PASSING_OPS` op (torch takes any
+    dtype), or a generated kernel with bf16 variants (`CppKernel.passes_bf16`: max
+    pooling)."""
+    if step.kind == "op" and len(step.nodes) == 1:
+        node = step.nodes[0]
+        return node.opdef.is_view or node.op in PASSING_OPS
+    return getattr(step.fn, "passes_bf16", False)
+
+
 def hand_off_in_bf16(steps, graph_outputs) -> int:
     """Leave a bf16 step's output in bf16 where every step that reads it, directly or
-    through views (reshape, permute, slice: single view ops, which take any dtype), computes
-    in bf16 itself, or is a `MixedCall` reading it where it may; it would round the float32
-    copy straight back (or, a `MixedCall`, widen it exactly). A `MixedCall`'s own outputs
-    are rounded under the same rule. Graph outputs stay float32. Returns the number of
-    outputs handed off."""
+    through steps that pass bf16 on exactly (`passes_bf16`: views, concatenation, max
+    pooling), computes in bf16 itself, or is a `MixedCall` reading it where it may; it
+    would round the float32 copy straight back (or, a `MixedCall`, widen it exactly). A
+    `MixedCall`'s own outputs are rounded under the same rule. Graph outputs stay float32.
+    Returns the number of outputs handed off."""
     readers: dict = {}
     for step in steps:
         for v in dict.fromkeys(step.inputs):
@@ -125,8 +141,7 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
             if isinstance(r.fn, MixedCall) and all(
                     i in r.fn.reads_low for i, u in enumerate(r.inputs) if u is v):
                 continue
-            is_view = r.kind == "op" and len(r.nodes) == 1 and r.nodes[0].opdef.is_view
-            if not (is_view and all(only_bf16_reads(o) for o in r.outputs)):
+            if not (passes_bf16(r) and all(only_bf16_reads(o) for o in r.outputs)):
                 return False
         return True
 

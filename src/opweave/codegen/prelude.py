@@ -69,4 +69,11 @@ static inline float ow_tanh(float x) {
 }
 
 static inline float ow_sigmoid(float x) { return 1.0f / (1.0f + ow_exp(-x)); }
+
+// A bfloat16's bits as a 16-bit integer in the order of the values (NaN aside): a negative
+// value's magnitude bits flipped. Applied to a key it gives the bits back.
+static inline int16_t ow_bf16_key(uint16_t bits) {
+  const int16_t s = (int16_t)bits;
+  return (int16_t)(s ^ ((s >> 15) & 0x7FFF));
+}
 """

@@ -48,6 +48,14 @@ class KernelSource:
     # (row-major), or a channels-last one where `channels_last_out`
     channels_last_name: str | None = None
     channels_last_out: bool = False
+    # the same kernel on bfloat16 tensors (row-major, channels-last), where its result on
+    # a bf16 input is exactly its float32 result rounded (max pooling: codegen/templates)
+    bf16_names: tuple[str, str | None] | None = None
+
+    def function_names(self) -> list[str]:
+        """Every function `body` defines: the kernel and its variants."""
+        return [n for n in (self.name, self.channels_last_name, *(self.bf16_names or ()))
+                if n is not None]
 
 
 class GroupEmitter:
