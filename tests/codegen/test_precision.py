@@ -310,25 +310,28 @@ def test_a_layer_norm_between_bf16_products_reads_and_writes_bf16():
 
 
 class _PoolAndJoin(nn.Module):
-    """A convolution, max pooling (a generated kernel), then two convolutions whose
-    results are joined (cat) for a last one: ResNet's stem and XML-CNN's shape."""
+    """A convolution, max pooling (a generated kernel), two convolutions whose results
+    are joined (cat) for a third, its global average (a generated kernel) and a linear
+    layer: the shapes of ResNet's stem and head and of XML-CNN."""
 
     def __init__(self):
         super().__init__()
         self.stem = nn.Conv2d(3, 16, 3, padding=1)
         self.left, self.right = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 3, padding=1)
-        self.last = nn.Conv2d(16, 4, 1)
+        self.last, self.head = nn.Conv2d(16, 4, 1), nn.Linear(4, 3)
 
     def forward(self, x):
         y = F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1)
-        return self.last(torch.cat([F.relu(self.left(y)), F.relu(self.right(y))], 1))
+        y = self.last(torch.cat([F.relu(self.left(y)), F.relu(self.right(y))], 1))
+        return self.head(y.mean((2, 3)))
 
 
 @needs_bf16
 def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
     """Max pooling and concatenation only pick and move elements, so a bf16 result read
     through them by bf16 steps only is handed on in bf16 (the pooling runs its bf16
-    kernel): the result is the one every widened result gives, to the bit."""
+    kernel); the mean's kernel reads bf16 and sums it in double. The result is the one
+    every widened result gives, to the bit."""
     torch.manual_seed(0)
     model = _PoolAndJoin().eval()
     x = torch.randn(1, 3, 20, 20)
@@ -338,9 +341,9 @@ def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
         steps = compiled.program.compiled_graphs[0].executor.lowered_steps
         handed = [s for s in steps if precision.low_precision_call(s) is not None
                   and precision.low_precision_call(s).keep_low]
-        assert len(handed) == 3  # the stem and the two joined; the last is the output
-        pool = next(s for s in steps if s.kind == "cpp")
-        assert precision.passes_bf16(pool)
+        assert len(handed) == 4  # all but the head, whose result is the output
+        pool, mean = [s for s in steps if s.kind == "cpp"]
+        assert precision.passes_bf16(pool) and not precision.passes_bf16(mean)
         widened = opweave.compile(model, (x,), options=_options("bf16"))
         for s in widened.program.compiled_graphs[0].executor.lowered_steps:
             call = precision.low_precision_call(s)
@@ -352,7 +355,7 @@ def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
         with executor.instrumented(lambda i, fn: (lambda *a: ran.append(
                 (steps[i].kind, [t.dtype for t in a])) or fn(*a))):
             compiled(x)
-        assert ("cpp", [torch.bfloat16]) in ran  # the pooling's bf16 kernel
+        assert ran.count(("cpp", [torch.bfloat16])) == 2  # the pooling's and the mean's
         assert ("op", [torch.bfloat16] * 2) in ran  # the cat
 
 

@@ -372,7 +372,8 @@ class CppKernel:
     layout-free kernel given inputs that share one dense layout (channels-last
     activations) runs in that layout and writes its outputs in it, copying nothing; a
     kernel with a channels-last variant runs that on channels-last inputs. A kernel with
-    bf16 variants (`passes_bf16`) runs them on a bf16 input, writing bf16 outputs."""
+    bf16 variants runs them on a bf16 input (`reads_low`), writing bf16 outputs where it
+    `passes_bf16`."""
 
     # runtime.native sets this while it records a call: told each kernel's address and
     # pointer arguments, so the native plan can call the kernel itself
@@ -392,18 +393,17 @@ class CppKernel:
             self.functions[torch.bfloat16] = (_addressed(bf16_fn),
                                               _addressed(bf16_channels_last_fn))
         self.channels_last_out = src.channels_last_out
-
-    @property
-    def passes_bf16(self) -> bool:
-        """Whether it computes on a bf16 input what it computes on the widened one, rounded
-        (codegen/precision.hand_off_in_bf16 hands it bf16 results)."""
-        return torch.bfloat16 in self.functions
+        low = torch.bfloat16 in self.functions
+        # what codegen/precision.hand_off_in_bf16 may hand it in bf16: every input, where
+        # it has bf16 forms; and whether its outputs then are bf16 (else float32)
+        self.reads_low = frozenset(range(len(src.inputs))) if low else frozenset()
+        self.passes_bf16 = low and src.bf16_out
 
     def __call__(self, *inputs):
-        low = inputs[0].dtype == torch.bfloat16 and self.passes_bf16
+        low = inputs[0].dtype == torch.bfloat16 and bool(self.reads_low)
         (fn, address), channels_last = self.functions[torch.bfloat16 if low else torch.float32]
-        out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] if low \
-            else self.out_types
+        out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] \
+            if low and self.passes_bf16 else self.out_types
         layout_kernel = False
         if not all(x.is_contiguous() for x in inputs):
             if channels_last is not None and _same_dense_layout(inputs):

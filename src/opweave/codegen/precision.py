@@ -110,9 +110,9 @@ PASSING_OPS = frozenset({"cat"})
 
 def passes_bf16(step) -> bool:
     """Whether `step` hands a bf16 operand on as bf16, computing on it exactly what it
-    computes on the widened one: a single view op or `PASSING_OPS` op (torch takes any
-    dtype), or a generated kernel with bf16 variants (`CppKernel.passes_bf16`: max
-    pooling)."""
+    computes on the widened one, rounded: a single view op or `PASSING_OPS` op (torch
+    takes any dtype), or a generated kernel whose bf16 forms write bf16
+    (`CppKernel.passes_bf16`: max pooling)."""
     if step.kind == "op" and len(step.nodes) == 1:
         node = step.nodes[0]
         return node.opdef.is_view or node.op in PASSING_OPS
@@ -122,10 +122,11 @@ def passes_bf16(step) -> bool:
 def hand_off_in_bf16(steps, graph_outputs) -> int:
     """Leave a bf16 step's output in bf16 where every step that reads it, directly or
     through steps that pass bf16 on exactly (`passes_bf16`: views, concatenation, max
-    pooling), computes in bf16 itself, or is a `MixedCall` reading it where it may; it
-    would round the float32 copy straight back (or, a `MixedCall`, widen it exactly). A
-    `MixedCall`'s own outputs are rounded under the same rule. Graph outputs stay float32.
-    Returns the number of outputs handed off."""
+    pooling), computes in bf16 itself, or reads it in float32 from bf16 where its
+    function says it may (`reads_low`: a `MixedCall`, a mean's generated kernel); it
+    would round the float32 copy straight back, or widen it exactly. A `MixedCall`'s own
+    outputs are rounded under the same rule. Graph outputs stay float32. Returns the
+    number of outputs handed off."""
     readers: dict = {}
     for step in steps:
         for v in dict.fromkeys(step.inputs):
@@ -138,10 +139,12 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
         for r in readers[v]:
             if r.precision == "bf16" and low_precision_call(r) is not None:
                 continue
-            if isinstance(r.fn, MixedCall) and all(
-                    i in r.fn.reads_low for i, u in enumerate(r.inputs) if u is v):
-                continue
-            if not (passes_bf16(r) and all(only_bf16_reads(o) for o in r.outputs)):
+            if passes_bf16(r):
+                if all(only_bf16_reads(o) for o in r.outputs):
+                    continue
+                return False
+            reads_low = getattr(r.fn, "reads_low", frozenset())
+            if not all(i in reads_low for i, u in enumerate(r.inputs) if u is v):
                 return False
         return True
 
