@@ -9,8 +9,9 @@ its fused epilogue (bias, activation, residual add), is rounded to bfloat16 once
 back to float32 for the steps that compute in float32, handed on as it is where only
 bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
 pointwise kernels) computes in float32 as before, and graph inputs and outputs stay
-float32; a layer norm standing between bf16 steps reads and writes bf16 around its
-float32 arithmetic (`MixedCall`). A library group or attention whose float32 form measures faster than its bf16
+float32. A bf16 result also passes on in bf16 through steps that only move or pick
+elements (`passes_bf16`: views, cat, max pooling), and into a layer norm or global mean
+that reads it in float32 arithmetic (`MixedCall`, a kernel's `reads_low`). A library group or attention whose float32 form measures faster than its bf16
 form keeps float32 (only more accurate); `explain` counts the bf16 steps.
 
 "bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
