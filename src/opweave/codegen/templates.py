@@ -11,8 +11,8 @@ as in torch (a NaN in a window is its maximum), through a flag beside the maximu
 window loop vectorizes. Each kernel also has a bfloat16 form, for a bf16 step's result
 that only bf16 steps read after it (codegen/precision.hand_off_in_bf16): picking a
 maximum is exact in any type, so it computes the float32 form's result, rounded, without
-the widened copy (ResNet-50's pooling: 81 against 117 us for float32 alone, 199 with the
-conversions, on the Zen 4).
+the widened copy (ResNet-50's pooling: 81 against 115-117 us for float32 alone, 167-199
+with the conversions, on the Zen 4).
 """
 from __future__ import annotations
 
