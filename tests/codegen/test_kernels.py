@@ -457,48 +457,6 @@ def test_max_pool_kernels_on_bf16_give_the_float32_result_rounded(op, attrs, sha
 
 
 @needs_gxx
-@pytest.mark.parametrize("shape,dims,keepdim", [
-    ((1, 2048, 7, 7), [2, 3], True),     # ResNet-50's global average pooling
-    ((2, 300, 5, 5), [-1, -2], False),   # rows on the thread team; a channel tail of 12
-    ((1, 32, 112, 112), [2, 3], True),   # EfficientNet's first squeeze: many pixels
-    ((3, 5, 1, 9), [3, 2], False)])
-def test_global_mean_kernel_matches_torch_in_both_layouts_and_on_bf16(shape, dims, keepdim):
-    """A mean over the last two axes as a generated kernel, in double: torch's result
-    within float32's rounding, row-major or channels-last; its bf16 forms read bf16 and
-    give the mean of the widened values in float32."""
-    g = Graph("g")
-    x = g.add_input("x", TensorType(shape, torch.float32))
-    g.outputs = [g.add1("mean", [x], {"dims": dims, "keepdim": keepdim})]
-    lowered = lower(g, "greedy", measure=False)
-    assert [s.kind for s in lowered.steps] == ["cpp"]
-    kernel = lowered.steps[0].fn
-    assert kernel.reads_low == frozenset({0}) and not kernel.passes_bf16
-    torch_ops, kernel.fallback = kernel.fallback, _refuse
-    data = torch.randn(shape) + 3.0  # a mean well away from 0: a relative check means it
-    low = data.to(torch.bfloat16)
-    for layout in (torch.contiguous_format, torch.channels_last):
-        for given in (data, low):
-            (got,) = kernel(given.contiguous(memory_format=layout))
-            want = torch.mean(given.double(), dims, keepdim=keepdim).float()
-            assert got.dtype == torch.float32 and got.shape == want.shape
-            torch.testing.assert_close(got, want, rtol=2e-7, atol=0)
-    kernel.fallback = torch_ops
-    wide = torch.empty(*shape[:-1], 2 * shape[-1])
-    wide[..., ::2] = data
-    torch.testing.assert_close(kernel(wide[..., ::2])[0], torch.mean(data, dims, keepdim=keepdim))
-
-
-@needs_gxx
-def test_other_means_stay_in_torch():
-    for shape, dims in (((2, 3, 4, 5), [1]), ((2, 3, 4, 5), [1, 2, 3]), ((4, 5, 6), [1, 2])):
-        g = Graph("g")
-        x = g.add_input("x", TensorType(shape, torch.float32))
-        g.outputs = [g.add1("mean", [x], {"dims": dims, "keepdim": False})]
-        assert all(s.kind != "cpp" or "ow_m_" not in s.name
-                   for s in lower(g, "greedy", measure=False).steps)
-
-
-@needs_gxx
 def test_max_pool_with_indices_or_dilation_stays_in_torch():
     for extra in ({"with_indices": True}, {"dilation": [2, 2]}):
         g = Graph("g")

@@ -269,17 +269,25 @@ def test_a_mixed_call_computes_in_float32_on_a_bf16_operand():
     # a float32 operand (its producer hands on float32) is rounded after the norm
     torch.testing.assert_close(call(x.float(), weight, bias)[0], exact[0].to(torch.bfloat16),
                                rtol=0, atol=0)
+    # off the CPU torch's mixed-dtype kernel is not counted on: the operand is widened
+    seen = []
+    spy = precision.MixedCall(lambda t, w, b: seen.append(t.dtype) or norm(t, w, b))
+    spy.keep_low = frozenset({0})
+    meta = [t.to("meta") for t in (x, weight, bias)]
+    assert spy(*meta)[0].dtype == torch.bfloat16 and seen == [torch.float32]
 
 
 @needs_bf16
 def test_a_layer_norm_between_bf16_products_reads_and_writes_bf16():
     """Linear (no bias: the norm is a step of its own, not fused with the add) ->
-    LayerNorm -> Linear: the norm is read only by a bf16 product and reads only one, so the first product hands it its result in bf16 and it hands its own on in
-    bf16 (no widened copies). It still computes in float32: the output agrees with the
-    path that widens every result within float32's noise on the rounding, far inside
-    bf16's error; a norm whose result is the graph's output writes float32."""
+    LayerNorm -> Linear: the norm is read only by a bf16 product and reads only one, so
+    the first product hands it its result in bf16 and it hands its own on in bf16 (no
+    widened copies). It still computes in float32: the output agrees with the path that
+    widens every result within float32's noise on the rounding, far inside bf16's error;
+    a norm whose result is the graph's output writes float32."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.LayerNorm(128), nn.Linear(128, 32)).eval()
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.LayerNorm(128),
+                          nn.Linear(128, 32)).eval()
     x = torch.randn(48, 64)
     with torch.no_grad():
         reference = model.double()(x.double())
@@ -293,7 +301,8 @@ def test_a_layer_norm_between_bf16_products_reads_and_writes_bf16():
         assert first.keep_low == frozenset({0})
         widened = opweave.compile(model, (x,), options=_options("bf16"))
         for s in widened.program.compiled_graphs[0].executor.lowered_steps:
-            call = s.fn if isinstance(s.fn, precision.MixedCall) else precision.low_precision_call(s)
+            call = s.fn if isinstance(s.fn, precision.MixedCall) else \
+                precision.low_precision_call(s)
             if call is not None:
                 call.keep_low = frozenset()
         assert got.dtype == torch.float32
@@ -309,29 +318,49 @@ def test_a_layer_norm_between_bf16_products_reads_and_writes_bf16():
         assert _rel_l2(compiled(x), last.double()(x.double())) < BF16_REL_L2
 
 
+@needs_bf16
+def test_a_norm_read_only_by_another_norm_is_not_rounded():
+    """A norm's float32 result goes to a second norm: nothing rounds it, so it stays
+    float32, and two norms alone keep float32's accuracy under "bf16" (a norm reading
+    the other's result in bf16 would add a rounding that was not there)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128, bias=False), nn.LayerNorm(128),
+                          nn.LayerNorm(128)).eval()
+    norms_only = nn.Sequential(nn.LayerNorm(128), nn.LayerNorm(128)).eval()
+    x = torch.randn(48, 64)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options("bf16"))
+        steps = compiled.program.compiled_graphs[0].executor.lowered_steps
+        norms = [s.fn for s in steps if isinstance(s.fn, precision.MixedCall)]
+        assert [n.keep_low for n in norms] == [frozenset(), frozenset()]
+        # the product's result, rounded already, still goes to the first norm in bf16
+        first = precision.low_precision_call(next(s for s in steps if s.precision == "bf16"))
+        assert first.keep_low == frozenset({0})
+        h = torch.randn(48, 128) * 3 + 1
+        got = opweave.compile(norms_only, (h,), options=_options("bf16"))(h)
+        assert _rel_l2(got, norms_only.double()(h.double())) < FP32_REL_L2
+
+
 class _PoolAndJoin(nn.Module):
-    """A convolution, max pooling (a generated kernel), two convolutions whose results
-    are joined (cat) for a third, its global average (a generated kernel) and a linear
-    layer: the shapes of ResNet's stem and head and of XML-CNN."""
+    """A convolution, max pooling (a generated kernel), then two convolutions whose
+    results are joined (cat) for a last one: ResNet's stem and XML-CNN's shape."""
 
     def __init__(self):
         super().__init__()
         self.stem = nn.Conv2d(3, 16, 3, padding=1)
         self.left, self.right = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 3, padding=1)
-        self.last, self.head = nn.Conv2d(16, 4, 1), nn.Linear(4, 3)
+        self.last = nn.Conv2d(16, 4, 1)
 
     def forward(self, x):
         y = F.max_pool2d(F.relu(self.stem(x)), 3, 2, 1)
-        y = self.last(torch.cat([F.relu(self.left(y)), F.relu(self.right(y))], 1))
-        return self.head(y.mean((2, 3)))
+        return self.last(torch.cat([F.relu(self.left(y)), F.relu(self.right(y))], 1))
 
 
 @needs_bf16
 def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
     """Max pooling and concatenation only pick and move elements, so a bf16 result read
     through them by bf16 steps only is handed on in bf16 (the pooling runs its bf16
-    kernel); the mean's kernel reads bf16 and sums it in double. The result is the one
-    every widened result gives, to the bit."""
+    kernel): the result is the one every widened result gives, to the bit."""
     torch.manual_seed(0)
     model = _PoolAndJoin().eval()
     x = torch.randn(1, 3, 20, 20)
@@ -341,9 +370,9 @@ def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
         steps = compiled.program.compiled_graphs[0].executor.lowered_steps
         handed = [s for s in steps if precision.low_precision_call(s) is not None
                   and precision.low_precision_call(s).keep_low]
-        assert len(handed) == 4  # all but the head, whose result is the output
-        pool, mean = [s for s in steps if s.kind == "cpp"]
-        assert precision.passes_bf16(pool) and not precision.passes_bf16(mean)
+        assert len(handed) == 3  # the stem and the two joined; the last is the output
+        pool = next(s for s in steps if s.kind == "cpp")
+        assert precision.passes_bf16(pool)
         widened = opweave.compile(model, (x,), options=_options("bf16"))
         for s in widened.program.compiled_graphs[0].executor.lowered_steps:
             call = precision.low_precision_call(s)
@@ -355,7 +384,7 @@ def test_a_result_passes_through_max_pooling_and_cat_in_bf16():
         with executor.instrumented(lambda i, fn: (lambda *a: ran.append(
                 (steps[i].kind, [t.dtype for t in a])) or fn(*a))):
             compiled(x)
-        assert ran.count(("cpp", [torch.bfloat16])) == 2  # the pooling's and the mean's
+        assert ("cpp", [torch.bfloat16]) in ran  # the pooling's bf16 kernel
         assert ("op", [torch.bfloat16] * 2) in ran  # the cat
 
 

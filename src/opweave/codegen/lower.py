@@ -372,8 +372,7 @@ class CppKernel:
     layout-free kernel given inputs that share one dense layout (channels-last
     activations) runs in that layout and writes its outputs in it, copying nothing; a
     kernel with a channels-last variant runs that on channels-last inputs. A kernel with
-    bf16 variants runs them on a bf16 input (`reads_low`), writing bf16 outputs where it
-    `passes_bf16`."""
+    bf16 variants (`passes_bf16`) runs them on a bf16 input, writing bf16 outputs."""
 
     # runtime.native sets this while it records a call: told each kernel's address and
     # pointer arguments, so the native plan can call the kernel itself
@@ -390,20 +389,27 @@ class CppKernel:
         # channels-last where `channels_last_out`), if it has one: in float32 and in bf16
         self.functions = {torch.float32: (_addressed(fn), _addressed(channels_last_fn))}
         if bf16_fn is not None:
+            if len(src.inputs) != 1:  # which form runs is decided by its one input's type
+                raise ValueError(f"kernel {src.name}: bf16 forms take one input, "
+                                 f"not {len(src.inputs)}")
             self.functions[torch.bfloat16] = (_addressed(bf16_fn),
                                               _addressed(bf16_channels_last_fn))
         self.channels_last_out = src.channels_last_out
-        low = torch.bfloat16 in self.functions
-        # what codegen/precision.hand_off_in_bf16 may hand it in bf16: every input, where
-        # it has bf16 forms; and whether its outputs then are bf16 (else float32)
-        self.reads_low = frozenset(range(len(src.inputs))) if low else frozenset()
-        self.passes_bf16 = low and src.bf16_out
+
+    @property
+    def passes_bf16(self) -> bool:
+        """Whether it computes on a bf16 input what it computes on the widened one, rounded
+        (codegen/precision.hand_off_in_bf16 hands it bf16 results)."""
+        return torch.bfloat16 in self.functions
 
     def __call__(self, *inputs):
-        low = inputs[0].dtype == torch.bfloat16 and bool(self.reads_low)
+        low = self.passes_bf16 and inputs[0].dtype == torch.bfloat16
+        if not low and any(x.dtype == torch.bfloat16 for x in inputs):
+            # codegen/precision.hand_off_in_bf16 never hands it one: it would misread it
+            raise TypeError(f"kernel {self.source.name} reads float32, not bfloat16")
         (fn, address), channels_last = self.functions[torch.bfloat16 if low else torch.float32]
-        out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] \
-            if low and self.passes_bf16 else self.out_types
+        out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] if low \
+            else self.out_types
         layout_kernel = False
         if not all(x.is_contiguous() for x in inputs):
             if channels_last is not None and _same_dense_layout(inputs):

@@ -10,9 +10,10 @@ back to float32 for the steps that compute in float32, handed on as it is where 
 bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
 pointwise kernels) computes in float32 as before, and graph inputs and outputs stay
 float32. A bf16 result also passes on in bf16 through steps that only move or pick
-elements (`passes_bf16`: views, cat, max pooling), and into a layer norm or global mean
-that reads it in float32 arithmetic (`MixedCall`, a kernel's `reads_low`). A library group or attention whose float32 form measures faster than its bf16
-form keeps float32 (only more accurate); `explain` counts the bf16 steps.
+elements (`passes_bf16`: views, cat, max pooling), and into a layer norm that reads it
+in float32 arithmetic (`MixedCall`). A library group or attention whose float32 form
+measures faster than its bf16 form keeps float32 (only more accurate); `explain` counts
+the bf16 steps.
 
 "bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
 or convolution with a constant weight may compute from three bf16 parts of each operand,
@@ -111,9 +112,9 @@ PASSING_OPS = frozenset({"cat"})
 
 def passes_bf16(step) -> bool:
     """Whether `step` hands a bf16 operand on as bf16, computing on it exactly what it
-    computes on the widened one, rounded: a single view op or `PASSING_OPS` op (torch
-    takes any dtype), or a generated kernel whose bf16 forms write bf16
-    (`CppKernel.passes_bf16`: max pooling)."""
+    computes on the widened one: a single view op or `PASSING_OPS` op (torch takes any
+    dtype), or a generated kernel with bf16 variants (`CppKernel.passes_bf16`: max
+    pooling)."""
     if step.kind == "op" and len(step.nodes) == 1:
         node = step.nodes[0]
         return node.opdef.is_view or node.op in PASSING_OPS
@@ -121,40 +122,42 @@ def passes_bf16(step) -> bool:
 
 
 def hand_off_in_bf16(steps, graph_outputs) -> int:
-    """Leave a bf16 step's output in bf16 where every step that reads it, directly or
-    through steps that pass bf16 on exactly (`passes_bf16`: views, concatenation, max
-    pooling), computes in bf16 itself, or reads it in float32 from bf16 where its
-    function says it may (`reads_low`: a `MixedCall`, a mean's generated kernel); it
-    would round the float32 copy straight back, or widen it exactly. A `MixedCall`'s own
-    outputs are rounded under the same rule. Graph outputs stay float32. Returns the
-    number of outputs handed off."""
+    """Leave a step's output in bf16 where its readers would round it to bf16 anyway: every
+    step that reads it, directly or through steps that pass bf16 on exactly
+    (`passes_bf16`: views, concatenation, max pooling), computes in bf16 itself. A bf16
+    step's output (rounded already) may also go to a `MixedCall` that reads it where it
+    may: it widens it exactly. A `MixedCall`'s own output (float32 arithmetic) is rounded
+    only for readers that round it: for another norm it would be a rounding that was not
+    there. Graph outputs stay float32. Returns the number of outputs handed off."""
     readers: dict = {}
     for step in steps:
         for v in dict.fromkeys(step.inputs):
             readers.setdefault(v, []).append(step)
     outputs = set(graph_outputs)
 
-    def only_bf16_reads(v) -> bool:
+    def rounded_by_readers(v, widening_too: bool) -> bool:
         if v in outputs or not readers.get(v):
             return False
         for r in readers[v]:
             if r.precision == "bf16" and low_precision_call(r) is not None:
                 continue
             if passes_bf16(r):
-                if all(only_bf16_reads(o) for o in r.outputs):
+                if all(rounded_by_readers(o, widening_too) for o in r.outputs):
                     continue
                 return False
-            reads_low = getattr(r.fn, "reads_low", frozenset())
-            if not all(i in reads_low for i, u in enumerate(r.inputs) if u is v):
+            if not (widening_too and isinstance(r.fn, MixedCall) and all(
+                    i in r.fn.reads_low for i, u in enumerate(r.inputs) if u is v)):
                 return False
         return True
 
     handed = 0
     for step in steps:
-        call = step.fn if isinstance(step.fn, MixedCall) else low_precision_call(step)
+        mixed = isinstance(step.fn, MixedCall)
+        call = step.fn if mixed else low_precision_call(step)
         if call is None:
             continue
-        call.keep_low = frozenset(i for i, v in enumerate(step.outputs) if only_bf16_reads(v))
+        call.keep_low = frozenset(i for i, v in enumerate(step.outputs)
+                                  if rounded_by_readers(v, widening_too=not mixed))
         handed += len(call.keep_low)
     return handed
 

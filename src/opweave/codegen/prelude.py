@@ -70,14 +70,6 @@ static inline float ow_tanh(float x) {
 
 static inline float ow_sigmoid(float x) { return 1.0f / (1.0f + ow_exp(-x)); }
 
-// bfloat16 is float32's upper half: widening one is exact
-static inline float ow_bf16_float(uint16_t bits) {
-  const uint32_t wide = (uint32_t)bits << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
-}
-
 // A bfloat16's bits as a 16-bit integer in the order of the values (NaN aside): a negative
 // value's magnitude bits flipped. Applied to a key it gives the bits back.
 static inline int16_t ow_bf16_key(uint16_t bits) {

@@ -48,11 +48,9 @@ class KernelSource:
     # (row-major), or a channels-last one where `channels_last_out`
     channels_last_name: str | None = None
     channels_last_out: bool = False
-    # the same kernel on bfloat16 inputs (row-major, channels-last; codegen/templates),
-    # computing what it computes on the widened ones: its outputs bf16 where `bf16_out`
-    # (max pooling: its float32 result rounded, exactly), else float32 (a mean)
+    # the same kernel on bfloat16 tensors (row-major, channels-last), where its result on
+    # a bf16 input is exactly its float32 result rounded (max pooling: codegen/templates)
     bf16_names: tuple[str, str | None] | None = None
-    bf16_out: bool = True
 
     def function_names(self) -> list[str]:
         """Every function `body` defines: the kernel and its variants."""

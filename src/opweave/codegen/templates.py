@@ -79,7 +79,7 @@ class _Element:
     A NaN is flagged beside the maximum and stored as each type's quiet NaN (what
     rounding float32's NAN to bf16 gives). The bf16 body's maximum is the float32 body's
     on the widened input, except that where a window holds both zeros +0 wins (in
-    float32 the one met first)."""
+    float32 either may)."""
 
     ctype: str   # of the tensors' elements
     acc: str     # of the running maximum
@@ -214,89 +214,7 @@ def _channels_last_pool(lead, height, width, hs, he, ws, we, e: _Element,
     ]
 
 
-def global_mean(node: Node) -> KernelSource | None:
-    """The kernel for one `mean` over the last two axes of a 4-D float32 (a CNN's global
-    average pooling), or None. torch reduces a channels-last [1, 2048, 7, 7] over its
-    strided pixels in about 80 us (ResNet-50's, on the Zen 4); per channel in a vector
-    here. It sums in double, in any order as accurate as torch's cascade, and has a form
-    reading bf16 (its result is float32 either way)."""
-    if node.op != "mean":
-        return None
-    x = node.inputs[0]
-    if x.type.dtype != torch.float32 or len(x.type.shape) != 4 or x.type.numel == 0:
-        return None
-    if sorted(d % 4 for d in node.attrs["dims"]) != [2, 3]:
-        return None
-    n, c, h, w = x.type.shape
-    bodies = {e: (_row_major_mean(n * c, h * w, e), _channels_last_mean(n, c, h * w, e))
-              for e in (FLOAT32, BF16)}
-    digest = hashlib.sha256("\n".join(line for pair in bodies.values() for lines in pair
-                                      for line in lines).encode()).hexdigest()[:16]
-    name = f"ow_m_{digest}"
-    body = "".join(f'extern "C" void {fn}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
-                   for e, (rows, pixels) in bodies.items()
-                   for fn, lines in ((f"{name}{e.suffix}", rows), (f"{name}_cl{e.suffix}", pixels)))
-    line = next(i for i, text in enumerate(body.splitlines(), 1) if "out[r] =" in text)
-    # its output [N, C, 1, 1] is the same memory in either layout
-    return KernelSource(name, body, [x], [node.outputs[0]], False, {node: line},
-                        contiguous_only=True, channels_last_name=f"{name}_cl",
-                        bf16_names=(f"{name}{BF16.suffix}", f"{name}_cl{BF16.suffix}"),
-                        bf16_out=False)
-
-
-def _mean_pointers(e: _Element) -> list[str]:
-    return ["  float* __restrict out = (float*)args[0];",
-            f"  const {e.ctype}* __restrict in = (const {e.ctype}*)args[1];"]
-
-
-def _widened(e: _Element, element: str) -> str:
-    return element if e is FLOAT32 else f"ow_bf16_float({element})"
-
-
-def _row_major_mean(rows: int, size: int, e: _Element) -> list[str]:
-    """Each row's mean: its `size` elements are contiguous."""
-    parallel = ["  #pragma omp parallel for num_threads(ow_team())"] if rows >= PARALLEL_ROWS else []
-    return [
-        *_mean_pointers(e),
-        *parallel,
-        f"  for (int64_t r = 0; r < {rows}; ++r) {{",
-        f"    const {e.ctype}* row = in + r * {size};",
-        "    double sum = 0.0;",
-        "    #pragma omp simd reduction(+:sum)",
-        f"    for (int64_t k = 0; k < {size}; ++k) sum += (double){_widened(e, 'row[k]')};",
-        f"    out[r] = (float)(sum / {size}.0);",
-        "  }",
-    ]
-
-
-def _channels_last_mean(images: int, channels: int, size: int, e: _Element) -> list[str]:
-    """Each channel's mean over a channels-last image's `size` pixels: blocks of channels
-    split across the threads, each summed over every pixel in a vector."""
-    block = 16
-    blocks = -(-channels // block)
-    parallel = (["  #pragma omp parallel for num_threads(ow_team())"]
-                if images * blocks > 1 and images * channels * size >= 32768 else [])
-    return [
-        *_mean_pointers(e),
-        *parallel,
-        f"  for (int64_t t = 0; t < {images * blocks}; ++t) {{",
-        f"    const int64_t b = t / {blocks}, first = (t % {blocks}) * {block};",
-        f"    const int64_t width = {channels} - first < {block} ? {channels} - first : {block};",
-        f"    const {e.ctype}* image = in + b * {channels * size} + first;",
-        f"    double sum[{block}] = {{0}};",
-        f"    for (int64_t p = 0; p < {size}; ++p) {{",
-        f"      const {e.ctype}* pixel = image + p * {channels};",
-        "      #pragma omp simd",
-        "      for (int64_t ch = 0; ch < width; ++ch) "
-        f"sum[ch] += (double){_widened(e, 'pixel[ch]')};",
-        "    }",
-        "    for (int64_t ch = 0; ch < width; ++ch) "
-        f"out[b * {channels} + first + ch] = (float)(sum[ch] / {size}.0);",
-        "  }",
-    ]
-
-
-TEMPLATES = (adaptive_max_pool, max_pool, global_mean)
+TEMPLATES = (adaptive_max_pool, max_pool)
 
 
 def render_single(node: Node) -> KernelSource | None:
