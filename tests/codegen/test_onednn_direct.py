@@ -179,10 +179,24 @@ def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
         "onednn-direct"
     assert choice._preferring_direct({"onednn": [1.0], "onednn-direct": [1.05]}) == "onednn"
     assert choice._preferring_direct({"onednn": [1.0], "reference": [0.9]}) == "reference"
-    # under bf16 a faster float32 reference form is not traded for bf16 within the margin
-    near = {"reference": [1.0], "onednn-direct": [1.02]}
-    assert choice._preferring_direct(near) == "onednn-direct"
-    assert choice._preferring_direct(near, lowered=True) == "reference"
+
+
+def test_a_bf16_form_is_kept_unless_a_float32_form_is_faster():
+    pick = choice.preferring_bf16
+    # among bf16 forms, the direct one unless another is clearly faster
+    assert pick({"onednn-bf16": [1.0], "onednn-direct-bf16": [1.02], "onednn": [1.5]}) == \
+        "onednn-direct-bf16"
+    assert pick({"onednn-bf16": [1.0], "onednn-direct-bf16": [1.05]}) == "onednn-bf16"
+    # float32 faster: kept, with its own preference for the direct form
+    near = {"onednn-direct-bf16": [1.0], "onednn-direct": [0.95], "reference": [0.94]}
+    assert pick(near) == "onednn-direct"
+    # unless the operand may come in bf16 and float32 is faster only within the margin
+    assert pick(near, handed=True) == "onednn-direct-bf16"
+    clear = {"onednn-direct-bf16": [1.0], "onednn": [0.80], "onednn-direct": [0.82]}
+    assert pick(clear, handed=True) == "onednn-direct"
+    assert pick({"onednn-bf16": [1.0], "reference": [0.5]}, handed=True) == "reference"
+    # float32 forms alone (bf16 not offered): as `_preferring_direct`
+    assert pick({"onednn": [1.0], "onednn-direct": [1.02]}) == "onednn-direct"
 
 
 def test_a_3d_convolution_is_left_to_torchs_forms():

@@ -173,14 +173,17 @@ def test_its_records_say_whether_it_was_offered(monkeypatch):
     anchor = next(n for n in g.nodes if n.op == "matmul")
     ep = Epilogue()
     offered = library.signature(g, anchor, ep, "bf16")
+    float32 = {"onednn", "onednn-direct"}
     if onednn_direct.bf16_problem() is None:
-        assert {"onednn", "onednn-direct"} == set(library.forms(g, anchor, ep, precision="bf16"))
+        assert set(library.forms(g, anchor, ep, precision="bf16")) == \
+            float32 | {"onednn-bf16", "onednn-direct-bf16"}
+        assert ("without", "onednn-direct-bf16") not in offered
         assert ("without", "onednn-direct") not in offered
     monkeypatch.setattr(library, "_bf16_direct_offered", lambda: False)
-    assert set(library.forms(g, anchor, ep, precision="bf16")) == {"onednn"}
+    assert set(library.forms(g, anchor, ep, precision="bf16")) == float32 | {"onednn-bf16"}
     # a choice among fewer forms is another decision
     assert library.signature(g, anchor, ep, "bf16")[-2:] == \
-        (("without", "onednn-direct"), ("precision", "bf16"))
+        (("without", "onednn-direct-bf16"), ("precision", "bf16"))
 
 
 def test_a_cpu_without_avx512_has_no_bf16_primitives():

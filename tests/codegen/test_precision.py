@@ -201,6 +201,73 @@ def test_bf16_choices_are_recorded_apart_from_float32_ones():
     assert library.signature(g, anchor, ep, "fp32") == library.signature(g, anchor, ep)
 
 
+@needs_bf16
+def test_a_group_stays_float32_where_a_float32_form_measures_clearly_faster(monkeypatch):
+    """The measured choice sees a group's float32 forms beside its bf16 ones. With the
+    timings stubbed (no test depends on this machine's speed): the second linear layer's
+    float32 forms take half its bf16 forms' time, so it computes in float32; the first
+    one's float32 forms are slower, so it computes in bf16 and widens its result for the
+    second. Each form's samples are recorded."""
+    from opweave.codegen import choice
+
+    seen = {}
+
+    def stub_measure(candidates, args, rounds=7):
+        second = args[0].shape[-1] == 256
+        seen[second] = set(candidates)
+        return {name: [1.0 if name.endswith("-bf16") else 0.5 if second else 2.0]
+                for name in candidates}
+
+    monkeypatch.setattr(choice, "measure", stub_measure)
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 32)).eval()
+    x = torch.randn(16, 64)
+    options = Options(deterministic=True, precision="bf16", native="off", tuning_db=None)
+    with torch.no_grad():
+        reference = model.double()(x.double())
+        model.float()
+        compiled = opweave.compile(model, (x,), options=options)
+        got = compiled(x)
+    assert {"reference", "onednn", "onednn-bf16"} <= seen[True] == seen[False]
+    steps = [s for s in compiled.program.compiled_graphs[0].executor.lowered_steps
+             if s.kind == "library"]
+    assert [s.precision for s in steps] == ["bf16", "fp32"], [s.name for s in steps]
+    assert "[bf16]" not in steps[1].name
+    assert precision.low_precision_call(steps[0]).keep_low == frozenset()  # widened
+    assert precision.low_precision_call(steps[1]) is None
+    assert 10 * FP32_REL_L2 < _rel_l2(got, reference) < BF16_REL_L2
+
+
+def test_which_operands_may_arrive_in_bf16():
+    """Structural: made by a product (or its epilogue), through views, cat and layer
+    norms; not a graph input, nor the result of an op that computes in float32."""
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.legality import Epilogue
+
+    from ..partition.graphs import linear
+
+    g = Graph("arrivals")
+    x = g.add_input("x", TensorType((4, 8), torch.float32))
+    h = g.add1("relu", [linear(g, x, 8, 16, "fc1")])
+    both = g.add1("cat", [g.add1("reshape", [h], {"shape": [4, 16]}), x], {"dim": 1})
+    w = g.add_constant("ln_w", torch.ones(24))
+    b = g.add_constant("ln_b", torch.zeros(24))
+    normed = g.add("layer_norm", [both, w, b], {"normalized_shape": [24], "eps": 1e-5})[0]
+    soft = g.add1("softmax", [h], {"dim": -1})  # computes in float32
+    assert not precision.may_arrive_in_bf16(x)
+    assert precision.may_arrive_in_bf16(h)
+    assert precision.may_arrive_in_bf16(both)
+    assert precision.may_arrive_in_bf16(normed)
+    assert not precision.may_arrive_in_bf16(soft)
+    g.outputs = [linear(g, soft, 16, 4, "fc2"), linear(g, normed, 24, 4, "fc3")]
+    anchors = [n for n in g.nodes if n.op == "matmul"]
+    keys = [library.signature(g, a, Epilogue(), "bf16") for a in anchors]
+    # the choice depends on it, so its record does too
+    assert [("reads", "bf16") in k for k in keys] == [False, False, True]
+    assert all(("precision", "bf16") in k for k in keys)
+
+
 def test_units_reads_the_cpus_flags():
     line = "processor\t: 0\nflags\t\t: fpu sse avx2 fma {}\nbugs\t\t: none\n"
     assert precision.units(line.format("")).startswith("no bf16 units")

@@ -14,6 +14,7 @@ import torch
 
 from .. import tune
 from ..ir.graph import Value
+from . import precision as prec
 
 _CHOICES: dict[tuple, tuple[str, float]] = {}  # signature -> (fastest candidate, seconds)
 _CLASS_CHOICES: dict[tuple, tuple[str, float]] = {}  # size class -> (candidate, s per FLOP)
@@ -124,7 +125,9 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
             earlier = tune.recorded_samples(KIND, key)
             samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
         best = _preferring_int8(samples) if ("precision", "int8") in key else \
-            _preferring_direct(samples, lowered=("precision", "bf16") in key)
+            preferring_bf16(samples, handed=("reads", "bf16") in key) \
+            if ("precision", "bf16") in key else \
+            _preferring_direct(samples)
         tune.remember(KIND, key, best, samples)
         recalled = best, min(samples[best])
         if _BY_SIZE_CLASS.get() and work > 0:
@@ -139,23 +142,50 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
 DIRECT_MARGIN = 0.03
 
 
-def _preferring_direct(samples: dict[str, list[float]], lowered: bool = False) -> str:
-    """The fastest form by its minimum time, except that "onednn-direct" is taken unless
+def _preferring_direct(samples: dict[str, list[float]], direct: str = "onednn-direct") -> str:
+    """The fastest form by its minimum time, except that the direct form is taken unless
     it is more than DIRECT_MARGIN slower. Measured here, each form is called from Python,
     and the direct form's call (ctypes, its output allocated in Python) costs more there
     than torch's op does; in a native plan it is one raw call with no descriptor built,
     where torch's builds oneDNN's primitive descriptor at every call. ResNet-50 on a Zen 4,
     2 threads, interleaved in one process: 39.46 ms with torch's forms, 38.43 with each
-    convolution's form chosen by its minimum alone, 37.68 with the direct form everywhere.
-    `lowered`: the library forms compute in bf16, so a reference form (float32) that
-    measured fastest is kept: it is only more accurate."""
+    convolution's form chosen by its minimum alone, 37.68 with the direct form everywhere."""
     fastest = {name: min(times) for name, times in samples.items()}
     best = min(fastest, key=fastest.get)
-    if lowered and best == "reference":
-        return best
-    if "onednn-direct" in fastest and fastest["onednn-direct"] <= fastest[best] * (1 + DIRECT_MARGIN):
-        return "onednn-direct"
+    if direct in fastest and fastest[direct] <= fastest[best] * (1 + DIRECT_MARGIN):
+        return direct
     return best
+
+
+# where bf16 was asked for and a group's operand may come to it in bf16, its bf16 form is
+# kept unless a float32 form measured more than this much faster
+BF16_MARGIN = 0.10
+
+
+def preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> str:
+    """The bf16 forms' pick (as `_preferring_direct`), unless a float32 form measured
+    faster (the float32 forms' pick, as `_preferring_direct`): that one is only more
+    accurate. `handed`: the group's operand may come to it in bf16
+    (`precision.may_arrive_in_bf16`); then the float32 form must be more than BF16_MARGIN
+    faster. Measured here, a bf16 form rounds its float32 operand and widens its result,
+    which between bf16 steps it does not, so it runs faster there than it measured, and a
+    float32 form there makes its neighbours convert. A group reading a float32 operand
+    (a graph input) rounds it at every call, as measured. Small products and products
+    bound by their operand's bytes run faster in float32: GCN's [2708, 1433] x [1433, 16]
+    product on its input features, 673-677 us on oneDNN's direct float32 form against
+    693-763 in bf16 on a Zen 4, warm; in the bench's calls, with the features coming from
+    memory, its bf16 model ran 2.48 ms against float32's 2.27."""
+    low = {name: times for name, times in samples.items() if name.endswith(prec.LOW_SUFFIX)}
+    full = {name: times for name, times in samples.items() if name not in low}
+    if not low or not full:
+        return _preferring_direct(samples, direct="onednn-direct" + prec.LOW_SUFFIX
+                                  if low else "onednn-direct")
+    low_best = _preferring_direct(low, direct="onednn-direct" + prec.LOW_SUFFIX)
+    full_best = _preferring_direct(full)
+    margin = BF16_MARGIN if handed else 0.0
+    if min(full[full_best]) * (1 + margin) < min(low[low_best]):
+        return full_best
+    return low_best
 
 
 # where static int8 was asked for, a group's int8 form is kept unless it measured more

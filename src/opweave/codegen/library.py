@@ -68,43 +68,63 @@ def _unary(ep: Epilogue):
 
 def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
           precision: str = "fp32") -> dict[str, Callable]:
-    """The library forms of an anchor group, by name (all "onednn..."), to be measured.
-    `inplace`: the residual operand is dead after this group, so a convolution may add
-    into it in place (oneDNN's in-place binary post-op: 5% faster, one buffer fewer).
-    `precision`: "bf16" packs the weight in bfloat16 and computes the group on bfloat16
-    operands (codegen/precision.LowPrecisionCall: its result is widened back to float32
-    unless only bf16 steps read it); "int8" and "int8-dynamic" add the int8 form
-    "onednn-int8" where oneDNN fuses the group's epilogue (codegen/int8.py)."""
+    """The library forms of an anchor group, by name (all "onednn..." or "cpp-gemv"), to be
+    measured. `inplace`: the residual operand is dead after this group, so a float32
+    convolution may add into it in place (oneDNN's in-place binary post-op: 5% faster, one
+    buffer fewer; a bf16 one reads a rounded copy of it). `precision`: "bf16" adds the
+    same forms computing on bfloat16 operands, named with "-bf16" (the weight packed in
+    bf16; codegen/precision.LowPrecisionCall: the result is widened back to float32 unless
+    only bf16 steps read it), beside the float32 ones: a small or memory-bound product
+    (GCN's) runs faster in float32, where the bf16 form's conversions cost more than its
+    product saves (`choice.preferring_bf16`). "bf16x3" adds "onednn-bf16x3"; "int8" and
+    "int8-dynamic" add the int8 forms where oneDNN fuses the group's epilogue
+    (codegen/int8.py)."""
     if not supports():
         return {}
-    out_shape = (ep.last or anchor).outputs[0].type.shape
     low = prec.applies(precision, anchor.op)
-    direct = _direct_fits(anchor, ep) and (_bf16_direct_offered() if low else _direct_offered())
-    split = _bf16x3_offered(precision, anchor, ep)
-    if anchor.op == "matmul":
-        found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
-        if direct:
-            found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape, low=low)
-        if not low and _gemv_fits(anchor, ep) and _gemv_offered():
-            found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
-        if split:
+    out_shape = (ep.last or anchor).outputs[0].type.shape
+    found = _forms_in(graph, anchor, ep, out_shape, inplace, low=False, few_rows=not low)
+    if _bf16x3_offered(precision, anchor, ep):
+        if anchor.op == "matmul":
             found["onednn-bf16x3"] = _direct_linear(graph, anchor, ep, out_shape, parts=3)
-    else:
-        found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
-        if _pointwise_conv(anchor) and ep.binary is None:
-            found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
-        if direct:
-            found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace, low=low)
-        if direct and not low and _winograd_fits(graph, anchor, ep) and _winograd_offered():
-            found["onednn-winograd"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
-                                                    winograd=True)
-        if split:
+        else:
             found["onednn-bf16x3"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
                                                   parts=3)
     if int8.applies(precision, anchor.op) and int8_supported() and _int8_fuses(anchor, ep):
         found.update(_int8_forms(graph, anchor, ep, out_shape, inplace, precision,
                                  found["onednn"]))
-    return {name: prec.LowPrecisionCall(fn) for name, fn in found.items()} if low else found
+    if low:
+        found.update({f"{name}{prec.LOW_SUFFIX}": prec.LowPrecisionCall(fn) for name, fn
+                      in _forms_in(graph, anchor, ep, out_shape, False, low=True).items()})
+    return found
+
+
+def _forms_in(graph, anchor, ep, out_shape, inplace: bool, low: bool,
+              few_rows: bool = False) -> dict[str, Callable]:
+    """The group's forms in one type: float32, or bfloat16 operands and result (`low`,
+    where oneDNN's own library has bf16 primitives for the direct form; Winograd's
+    transform is float32 only). `few_rows`: with the few-row kernel, float32 only too,
+    and not offered beside bf16 forms: it streams the float32 weight, twice the bf16
+    form's bytes, which the forms' warm measurement does not see (XML-CNN's [1, 768] x
+    [768, 512] layer measured 25 us on it against 43 in bf16, yet the model ran no
+    faster with it: 0.575 / 0.585 / 0.561 ms against 0.572 / 0.570 / 0.558 on a Zen 4)."""
+    direct = _direct_fits(anchor, ep) and (_bf16_direct_offered() if low else _direct_offered())
+    if anchor.op == "matmul":
+        found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
+        if direct:
+            found["onednn-direct"] = _direct_linear(graph, anchor, ep, out_shape, low=low)
+        if few_rows and _gemv_fits(anchor, ep) and _gemv_offered():
+            found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
+        return found
+    found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
+    if _pointwise_conv(anchor) and ep.binary is None:
+        found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
+    if direct:
+        found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace, low=low)
+    if direct and not low and _winograd_fits(graph, anchor, ep) and _winograd_offered():
+        found["onednn-winograd"] = _direct_conv(graph, anchor, ep, out_shape, inplace,
+                                                winograd=True)
+    return found
 
 
 def _weight(graph: Graph, v: Value, low: bool) -> torch.Tensor:
@@ -775,16 +795,17 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
-    low = prec.applies(precision, anchor.op)
-    if _direct_fits(anchor, ep) and not (_bf16_direct_offered() if low else _direct_offered()):
+    if _direct_fits(anchor, ep) and not _direct_offered():
         # measured without that form: a choice among fewer forms is another decision (a
         # graph compiled for many sizes must not overwrite what one size chose)
         key += (("without", "onednn-direct"),)
+    elif prec.applies(precision, anchor.op) and _direct_fits(anchor, ep) \
+            and not _bf16_direct_offered():
+        key += (("without", "onednn-direct" + prec.LOW_SUFFIX),)
     if not prec.applies(precision, anchor.op) and _gemv_fits(anchor, ep) \
             and not _gemv_offered():
         key += (("without", "cpp-gemv"),)
-    if not prec.applies(precision, anchor.op) and _winograd_fits(graph, anchor, ep) \
-            and _direct_offered() and not _winograd_offered():
+    if _winograd_fits(graph, anchor, ep) and _direct_offered() and not _winograd_offered():
         # (without the direct form it is withheld too, which the key says already)
         key += (("without", "onednn-winograd"),)
     if int8.applies(precision, anchor.op) and _direct_fits(anchor, ep) and _direct_offered() \
@@ -794,6 +815,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
+    if prec.applies(precision, anchor.op) and prec.may_arrive_in_bf16(anchor.inputs[0]):
+        # its bf16 form is then kept within a margin (`choice.preferring_bf16`)
+        return key + (("precision", precision), ("reads", "bf16"))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key

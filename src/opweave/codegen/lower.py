@@ -240,10 +240,8 @@ def _residual_is_dead(ctx, group, position) -> bool:
 def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False,
                        precision: str = "fp32"):
     """(signature, {name: fn}, inputs, epilogue, inplace) for an anchor group: the library
-    form and the reference form (the nodes as torch ops, in float32). A group computed in
-    bf16 reads a rounded copy of its residual, so it never adds into the residual itself."""
+    forms and the reference form (the nodes as torch ops, in float32)."""
     anchor = nodes[0]
-    inplace = inplace and not prec.applies(precision, anchor.op)
     ep = anchor_epilogue(ctx, group)
     used = library.group_inputs(anchor, ep)
     # the reference form also reads the weight's view; the library form has it packed
@@ -263,16 +261,15 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if measure:
         chosen, _ = choice.choose(key, candidates, ins, work=_flops(nodes[0]))
     else:  # the precision's library form
-        preferred = ("onednn-int8-direct", "onednn-int8", "onednn-bf16x3", "cpp-gemv",
-                     "onednn-winograd", "onednn-direct", "onednn")
+        preferred = ("onednn-int8-direct", "onednn-int8", "onednn-bf16x3",
+                     "onednn-direct-bf16", "onednn-bf16", "cpp-gemv", "onednn-winograd",
+                     "onednn-direct", "onednn")
         chosen = next((c for c in preferred if c in candidates), "reference")
     kind = "reference" if chosen == "reference" else "library"
     name = "+".join([nodes[0].op] + [n.op for n in ep.chain])
     computes_in = "fp32"
-    if kind == "library" and prec.applies(precision, nodes[0].op):
-        name += f" [{precision}]"
-        computes_in = precision
-    if chosen.startswith("onednn-int8") or chosen == "onednn-bf16x3":
+    if chosen.endswith(prec.LOW_SUFFIX) or chosen.startswith("onednn-int8") \
+            or chosen == "onednn-bf16x3":
         name += f" [{precision}]"
         computes_in = precision
     if chosen == "onednn-winograd":

@@ -11,9 +11,9 @@ bf16 steps read it. Every other op (norms, softmax outside attention, reductions
 pointwise kernels) computes in float32 as before, and graph inputs and outputs stay
 float32. A bf16 result also passes on in bf16 through steps that only move or pick
 elements (`passes_bf16`: views, cat, max pooling), and into a layer norm that reads it
-in float32 arithmetic (`MixedCall`). A library group or attention whose float32 form
-measures faster than its bf16 form keeps float32 (only more accurate); `explain` counts
-the bf16 steps.
+in float32 arithmetic (`MixedCall`). A library group or attention is measured in both
+types, and keeps float32 (only more accurate) where a float32 form measured clearly
+faster than its bf16 forms (`choice.preferring_bf16`); `explain` counts the bf16 steps.
 
 "bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
 or convolution with a constant weight may compute from three bf16 parts of each operand,
@@ -37,6 +37,9 @@ import torch
 
 LOWERED_OPS = frozenset({"matmul", "conv", "attention"})
 LOW = torch.bfloat16
+# ends the name of a measured form that computes on bfloat16 operands ("onednn-direct-bf16",
+# attention's "per-head-bf16"), beside the float32 forms it is measured against
+LOW_SUFFIX = "-bf16"
 
 
 def narrow(t):
@@ -119,6 +122,31 @@ def passes_bf16(step) -> bool:
         node = step.nodes[0]
         return node.opdef.is_view or node.op in PASSING_OPS
     return getattr(step.fn, "passes_bf16", False)
+
+
+# ops that end a bf16 group's epilogue (bias, activation, residual add): the group's
+# result, bf16, is theirs
+_EPILOGUE_OPS = frozenset({"add", "relu", "gelu", "tanh", "sigmoid"})
+
+
+def may_arrive_in_bf16(v, depth: int = 4) -> bool:
+    """Whether a bf16 step's operand `v` may come to it in bf16: it is made by a product,
+    convolution or attention (a step that may compute in bf16), or by the epilogue of one,
+    directly or through ops that pass bf16 on (views, cat, max pooling, a layer norm:
+    `passes_bf16`, `MixedCall`). Structural, so a choice it informs does not depend on what
+    was chosen for the producer. BERT's and ViT's products and ResNet-50's convolutions but
+    its stem read results of such; GCN's products read its input features and its sparse
+    product's result, which are float32, so a bf16 form must round them at every call."""
+    p = v.producer
+    while p is not None and p.opdef.is_view and p.inputs:
+        p = p.inputs[0].producer
+    if p is None:  # a graph input
+        return False
+    if p.op in LOWERED_OPS:
+        return True
+    if depth == 0 or p.op not in _EPILOGUE_OPS | PASSING_OPS | MIXED_OPS | {"max_pool2d"}:
+        return False
+    return any(may_arrive_in_bf16(u, depth - 1) for u in p.inputs)
 
 
 def hand_off_in_bf16(steps, graph_outputs) -> int:
