@@ -164,6 +164,34 @@ def test_the_stamp_sees_other_objects_and_other_lengths(stamp_form):
     assert not stamp.matches(tensors[:-1] + [None])  # a parameter set to None
 
 
+def test_the_stamp_finds_the_tensors_in_their_tables(stamp_form):
+    """`matches_entries`, WeightWatch's check: the tensors looked up in a module's tables
+    (a replaced or removed entry is a change), then the others, then `matches` on them."""
+    from opweave.frontends.weights import TensorStamp
+    tensors = _tensors()
+    first, second = {"a": tensors[0], "b": tensors[1]}, {"c": tensors[2], "d": tensors[3],
+                                                          "e": tensors[4]}
+    tables, keys = [first, first, second, second, second], ["a", "b", "c", "d", "e"]
+    others = tensors[5:]
+    stamp = TensorStamp(tensors)
+
+    def matches():
+        return stamp.matches_entries(tables, keys, others)
+    assert matches()
+    assert (stamp._native is not None) == (stamp_form == "native")
+    second["d"] = torch.nn.Parameter(torch.randn(4, 4))  # replaced
+    assert not matches()
+    second["d"] = tensors[3]
+    del first["b"]                                        # removed
+    assert not matches()
+    first["b"] = tensors[1]
+    assert matches()
+    assert not stamp.matches_entries(tables, keys, others[:-1])
+    assert not stamp.matches_entries(tables, keys, others[:-1] + [torch.randn(5, 2)])
+    tensors[6].data.mul_(3)                               # written through .data
+    assert not matches()
+
+
 def test_a_change_before_the_native_form_exists_is_still_seen(monkeypatch):
     """The native form is made at the first check after the module loads, from the tensors
     as they are then: a change made before that must not become the new reference."""
