@@ -526,7 +526,7 @@ class Stamp {
       impls_.push_back(t.unsafeGetTensorImpl());
       versions_.push_back(t._version());
       bool strided = t.layout() == at::kStrided;
-      layout_at_.push_back(layouts_.size());
+      layout_at_.push_back(strided ? layouts_.size() : kNotStrided);
       if (strided) {  // dims, sizes, strides: one array for all, read in order
         layouts_.push_back(t.dim());
         layouts_.insert(layouts_.end(), t.sizes().begin(), t.sizes().end());
@@ -608,7 +608,8 @@ class Stamp {
     }
     for (size_t i = 0; i < n; ++i) {  // the same layout and storage
       const at::Tensor& t = tensors_[i];
-      if (t.layout() != at::kStrided) continue;  // sparse: identity and version only
+      if ((t.layout() == at::kStrided) != (layout_at_[i] != kNotStrided)) return false;
+      if (layout_at_[i] == kNotStrided) continue;  // sparse: identity and version only
       const int64_t* was = layouts_.data() + layout_at_[i];
       const int64_t dim = was[0];
       if (t.dim() != dim || t.sizes() != c10::IntArrayRef(was + 1, dim) ||
@@ -646,6 +647,7 @@ class Stamp {
   std::vector<int64_t> versions_;
   std::vector<int64_t> layouts_;     // per strided tensor: its dims, sizes, strides
   std::vector<size_t> layout_at_;    // where each tensor's are in `layouts_`
+  static constexpr size_t kNotStrided = static_cast<size_t>(-1);
   std::vector<const void*> pointers_;
   std::vector<const char*> sample_at_;
   std::vector<std::string> samples_;
