@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 
 from opweave.bench.stats import (Summary, geometric_mean, ratio_matrix, round_robin,
-                                 runs_within_budget)
+                                 runs_within_budget, williams_square)
 
 
 def test_summary_median_min_max():
@@ -30,10 +31,17 @@ def test_geometric_mean():
         geometric_mean([1.0, 0.0])
 
 
-def test_round_robin_rotates_and_runs_each_its_count():
-    rounds = round_robin({"a": 3, "b": 3, "c": 3})
-    assert rounds == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
-    # every backend follows each other one at most once per full rotation
+def test_round_robin_balances_who_runs_after_whom_and_runs_each_its_count():
+    for n in range(1, 8):
+        names = "abcdefg"[:n]
+        square = williams_square(n)
+        rounds = round_robin({name: len(square) for name in names})
+        assert [sorted(r) for r in rounds] == [sorted(names)] * len(square)
+        after = Counter((r[i], r[i + 1]) for r in rounds for i in range(n - 1))
+        if n > 1:  # every ordered pair equally often
+            assert len(after) == n * (n - 1) and len(set(after.values())) == 1, after
+        positions = Counter((name, r.index(name)) for r in rounds for name in names)
+        assert len(set(positions.values())) == 1  # every name in every position alike
     rounds = round_robin({"a": 4, "b": 2, "c": 4})
     flat = [name for r in rounds for name in r]
     assert {n: flat.count(n) for n in "abc"} == {"a": 4, "b": 2, "c": 4}
