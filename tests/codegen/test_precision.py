@@ -268,6 +268,36 @@ def test_which_operands_may_arrive_in_bf16():
     assert all(("precision", "bf16") in k for k in keys)
 
 
+def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
+    """The partitioner's price of a float32 group under bf16: the widening of what it
+    reads from bf16 steps and the rounding of what it hands them; none for a group with a
+    product, for ops that take bf16 as it comes, or for a graph output."""
+    from opweave.codegen.render import FUSIBLE
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.context import Context
+
+    from ..partition.graphs import linear
+
+    g = Graph("between")
+    x = g.add_input("x", TensorType((16, 32), torch.float32))
+    h = linear(g, x, 32, 32, "fc1")
+    r = g.add1("add", [h, x])
+    w, b = g.add_constant("ln_w", torch.ones(32)), g.add_constant("ln_b", torch.zeros(32))
+    n = g.add("layer_norm", [r, w, b], {"normalized_shape": [32], "eps": 1e-5})[0]
+    y = linear(g, n, 32, 8, "fc2")
+    g.outputs = [y, g.add1("relu", [y])]
+    ctx = Context(g, FUSIBLE)
+    add, norm = r.producer, n.producer
+    size = 16 * 32 * 4
+    assert precision.conversion_bytes(ctx, frozenset([add, norm])) == (size + size) * 3 // 2
+    assert precision.conversion_bytes(ctx, frozenset([add])) == size * 3 // 2  # x: an input
+    assert precision.conversion_bytes(ctx, frozenset([norm])) == 0  # a MixedCall
+    assert precision.conversion_bytes(ctx, frozenset([h.producer.inputs[0].producer,
+                                                      h.producer])) == 0  # a product
+    relu = g.outputs[1].producer
+    assert precision.conversion_bytes(ctx, frozenset([relu])) == 16 * 8 * 4 * 3 // 2
+
+
 def test_units_reads_the_cpus_flags():
     line = "processor\t: 0\nflags\t\t: fpu sse avx2 fma {}\nbugs\t\t: none\n"
     assert precision.units(line.format("")).startswith("no bf16 units")

@@ -101,6 +101,19 @@ def test_repeated_blocks_are_solved_once():
     assert part.cache_hits >= 3
 
 
+def test_a_solution_is_not_taken_for_other_costs():
+    """Solved under one price of float32 kernels (`conversion_seconds`, keyed by `costs`),
+    a component is solved again under another: a bf16 compile after a float32 one in the
+    same process had taken the float32 cover."""
+    plain = partition(mlp_block(), "ilp", FUSIBLE)
+    assert plain.fused  # the norm and the add fuse when kernels cost only their traffic
+    priced = partition(mlp_block(), "ilp", FUSIBLE, costs=("bf16",),
+                       conversion_seconds=lambda ctx, g: 1.0 if len(g) > 1 else 0.0)
+    assert priced.cache_hits == 0 and priced.fused == []
+    again = partition(mlp_block(), "ilp", FUSIBLE)
+    assert again.cache_hits >= 1 and len(again.fused) == len(plain.fused)
+
+
 @pytest.mark.parametrize("method", ["ilp", "greedy"])
 def test_every_node_is_covered_once(method):
     part = partition(stacked_mlp(layers=2), method, FUSIBLE)

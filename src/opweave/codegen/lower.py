@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from .. import tune
+from ..cost.model import active as active_machine
 from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
@@ -154,7 +155,8 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
     measured = ((lambda ctx, g: measured_anchor_seconds(graph, ctx, g, precision))
                 if measure else None)
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured,
-                     apart=apart)
+                     apart=apart, conversion_seconds=_conversion_seconds(precision),
+                     costs=(precision,))
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []
@@ -331,6 +333,18 @@ def _measured_group_seconds(graph, ctx, group, precision: str) -> float:
     key, candidates, ins, _, _ = _anchor_candidates(graph, ctx, group, nodes, outputs,
                                                     precision=precision)
     return choice.choose(key, candidates, ins, work=work)[1]
+
+
+def _conversion_seconds(precision: str):
+    """The partitioner's price of a float32 kernel between bf16 steps: the roofline time
+    of the conversions it makes them do (`precision.conversion_bytes`), or None."""
+    if not prec.applies(precision, "matmul"):
+        return None
+
+    def seconds(ctx, group) -> float:
+        moved = prec.conversion_bytes(ctx, group)
+        return active_machine().seconds(0, moved) if moved else 0.0
+    return seconds
 
 
 def _flops(anchor: Node) -> float:

@@ -127,6 +127,10 @@ def passes_bf16(step) -> bool:
 # ops that end a bf16 group's epilogue (bias, activation, residual add): the group's
 # result, bf16, is theirs
 _EPILOGUE_OPS = frozenset({"add", "relu", "gelu", "tanh", "sigmoid"})
+# poolings whose generated kernels have bf16 forms (codegen/templates.py)
+POOLING_OPS = frozenset({"max_pool2d", "adaptive_max_pool2d"})
+# ops that, alone in a step, take a bf16 operand as it comes and may hand bf16 on
+_TAKES_BF16 = PASSING_OPS | MIXED_OPS | POOLING_OPS
 
 
 def may_arrive_in_bf16(v, depth: int = 4) -> bool:
@@ -144,9 +148,47 @@ def may_arrive_in_bf16(v, depth: int = 4) -> bool:
         return False
     if p.op in LOWERED_OPS:
         return True
-    if depth == 0 or p.op not in _EPILOGUE_OPS | PASSING_OPS | MIXED_OPS | {"max_pool2d"}:
+    if depth == 0 or p.op not in _EPILOGUE_OPS | _TAKES_BF16:
         return False
     return any(may_arrive_in_bf16(u, depth - 1) for u in p.inputs)
+
+
+def read_in_bf16(v, users) -> bool:
+    """Whether a product, convolution or attention reads `v`, directly or through views
+    and cat (`users`: value -> the nodes reading it): a bf16 step would round it."""
+    for u in users.get(v, ()):
+        if u.op in LOWERED_OPS:
+            return True
+        if (u.opdef.is_view or u.op in PASSING_OPS) and \
+                any(read_in_bf16(o, users) for o in u.outputs):
+            return True
+    return False
+
+
+def conversion_bytes(ctx, members) -> int:
+    """The bytes a group computing in float32 makes the bf16 steps around it convert: each
+    value it reads that may arrive in bf16 is widened for it, and each value it writes
+    that a bf16 step reads is rounded again (2 bytes read and 4 written, or 4 and 2, an
+    element). None for a group with a product, convolution or attention (measured in bf16
+    with its conversions), nor for one op that takes bf16 as it comes (a view, cat, a
+    pooling with bf16 kernels, a layer norm: `MixedCall`). The partitioner adds their
+    time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
+    kernel between bf16 steps as free of them. BERT-base's FFN output, with its residual
+    add fused into the product and the norm alone, ran 57.7 ms a call in bf16; with the add
+    and the norm as one float32 kernel, chosen by noise without this, 59.6 (Zen 4)."""
+    if any(n.op in LOWERED_OPS for n in members):
+        return 0
+    if len(members) == 1:
+        (node,) = members
+        if node.opdef.is_view or node.op in _TAKES_BF16:
+            return 0
+    inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
+    outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
+    widened = sum(v.type.nbytes for v in inputs
+                  if v.type.dtype == torch.float32 and may_arrive_in_bf16(v))
+    rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
+                  and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users))
+    return (widened + rounded) * 3 // 2
 
 
 def hand_off_in_bf16(steps, graph_outputs) -> int:

@@ -11,10 +11,11 @@ class Context:
     positions, so a group's convexity test is a few big-integer operations."""
 
     def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None,
-                 apart: frozenset[Node] = frozenset()):
+                 apart: frozenset[Node] = frozenset(), conversion_seconds=None):
         self.graph = graph
         self.fusible = fusible
         self.anchor_seconds = anchor_seconds
+        self.conversion_seconds = conversion_seconds
         self.nodes = [n for n in graph.nodes if n.op != "constant"]
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.role: dict[Node, Role] = {}

@@ -16,6 +16,13 @@ from .context import Context
 def group_seconds(ctx: Context, members, machine: Machine | None = None) -> float:
     if ctx.anchor_seconds is not None and any(ctx.role[n] is Role.ANCHOR for n in members):
         return ctx.anchor_seconds(ctx, frozenset(members))
+    seconds = _roofline_seconds(ctx, members, machine)
+    if ctx.conversion_seconds is not None:
+        seconds += ctx.conversion_seconds(ctx, frozenset(members))
+    return seconds
+
+
+def _roofline_seconds(ctx: Context, members, machine: Machine | None) -> float:
     if len(members) == 1:
         (node,) = members
         return node_seconds(node.op, [v.type for v in node.inputs],
