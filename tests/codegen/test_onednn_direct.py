@@ -182,7 +182,7 @@ def test_the_direct_form_is_kept_unless_another_is_clearly_faster():
 
 
 def test_a_bf16_form_is_kept_unless_a_float32_form_is_faster():
-    pick = choice.preferring_bf16
+    pick = choice._preferring_bf16
     # among bf16 forms, the direct one unless another is clearly faster
     assert pick({"onednn-bf16": [1.0], "onednn-direct-bf16": [1.02], "onednn": [1.5]}) == \
         "onednn-direct-bf16"

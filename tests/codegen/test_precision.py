@@ -239,9 +239,60 @@ def test_a_group_stays_float32_where_a_float32_form_measures_clearly_faster(monk
     assert 10 * FP32_REL_L2 < _rel_l2(got, reference) < BF16_REL_L2
 
 
+class _TwoBlocks(nn.Module):
+    """A stem and two residual blocks: each block's second convolution adds its input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.convs = nn.ModuleList(nn.Conv2d(16, 16, 3, padding=1) for _ in range(4))
+
+    def forward(self, x):
+        h = F.relu(self.stem(x))
+        for first, second in zip(self.convs[::2], self.convs[1::2]):
+            h = F.relu(second(F.relu(first(h))) + h)
+        return h.mean((2, 3))
+
+
+@needs_bf16
+def test_a_float32_convolution_between_bf16_ones_adds_into_its_residual(monkeypatch):
+    """With the timings stubbed, the convolutions adding a residual measure faster in
+    float32 (oneDNN's form): they run in float32 and add into their residual in place, as
+    float32 compiles do, their bf16 neighbours widening what they hand them."""
+    from opweave.codegen import choice
+
+    def stub_measure(candidates, args, rounds=7):
+        residual = len(args) >= 2
+        return {name: [1.0 if name.endswith("-bf16") else 0.5 if residual and name == "onednn"
+                       else 3.0] for name in candidates}
+
+    monkeypatch.setattr(choice, "measure", stub_measure)
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    torch.manual_seed(0)
+    model = _TwoBlocks().eval()
+    x = torch.randn(1, 3, 12, 12)
+    options = Options(deterministic=True, precision="bf16", native="off", tuning_db=None)
+    with torch.no_grad():
+        reference = model.double()(x.double())
+        model.float()
+        compiled = opweave.compile(model, (x,), options=options)
+        results = [compiled(x) for _ in range(3)]
+    steps = [s for s in compiled.program.compiled_graphs[0].executor.lowered_steps
+             if s.kind == "library"]
+    added = [s for s in steps if "add" in s.name]
+    assert len(added) == 2 and all(s.precision == "fp32" for s in added), \
+        [s.name for s in steps]
+    assert sum(s.overwrites is not None for s in added) >= 1  # in place, as in float32
+    assert all(s.precision == "bf16" for s in steps if s not in added)
+    for got in results:
+        assert 10 * FP32_REL_L2 < _rel_l2(got, reference) < BF16_REL_L2
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0)
+
+
 def test_which_operands_may_arrive_in_bf16():
-    """Structural: made by a product (or its epilogue), through views, cat and layer
-    norms; not a graph input, nor the result of an op that computes in float32."""
+    """Structural: made by a product (or its epilogue) or a layer norm, through views,
+    cat and poolings; not a graph input or output, nor the result of an op that computes
+    in float32."""
     from opweave.ir import Graph, TensorType
     from opweave.partition.legality import Epilogue
 
@@ -260,6 +311,17 @@ def test_which_operands_may_arrive_in_bf16():
     assert precision.may_arrive_in_bf16(both)
     assert precision.may_arrive_in_bf16(normed)
     assert not precision.may_arrive_in_bf16(soft)
+    # a norm rounds its own result for readers that round, whatever it reads
+    alone = g.add("layer_norm", [x, g.add_constant("w8", torch.ones(8)),
+                                 g.add_constant("b8", torch.zeros(8))],
+                  {"normalized_shape": [8], "eps": 1e-5})[0]
+    assert precision.may_arrive_in_bf16(alone)
+    # poolings with bf16 kernels pass it on; a graph output stays float32
+    rows = g.add1("reshape", [h], {"shape": [1, 4, 16]})
+    pooled = g.add1("adaptive_max_pool2d", [rows], {"output_size": [2, 4]})
+    assert precision.may_arrive_in_bf16(pooled)
+    assert not precision.may_arrive_in_bf16(pooled, frozenset([pooled]))
+    assert not precision.may_arrive_in_bf16(pooled, frozenset([h]))
     g.outputs = [linear(g, soft, 16, 4, "fc2"), linear(g, normed, 24, 4, "fc3")]
     anchors = [n for n in g.nodes if n.op == "matmul"]
     keys = [library.signature(g, a, Epilogue(), "bf16") for a in anchors]
@@ -285,7 +347,7 @@ def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     w, b = g.add_constant("ln_w", torch.ones(32)), g.add_constant("ln_b", torch.zeros(32))
     n = g.add("layer_norm", [r, w, b], {"normalized_shape": [32], "eps": 1e-5})[0]
     y = linear(g, n, 32, 8, "fc2")
-    g.outputs = [y, g.add1("relu", [y])]
+    g.outputs = [g.add1("relu", [y])]
     ctx = Context(g, FUSIBLE)
     add, norm = r.producer, n.producer
     size = 16 * 32 * 4
@@ -294,8 +356,10 @@ def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     assert precision.conversion_bytes(ctx, frozenset([norm])) == 0  # a MixedCall
     assert precision.conversion_bytes(ctx, frozenset([h.producer.inputs[0].producer,
                                                       h.producer])) == 0  # a product
-    relu = g.outputs[1].producer
+    relu = g.outputs[0].producer  # widens what it reads, writes a graph output
     assert precision.conversion_bytes(ctx, frozenset([relu])) == 16 * 8 * 4 * 3 // 2
+    g.outputs.append(y)  # a graph output is widened for it anyway
+    assert precision.conversion_bytes(Context(g, FUSIBLE), frozenset([relu])) == 0
 
 
 def test_units_reads_the_cpus_flags():

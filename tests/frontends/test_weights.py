@@ -186,8 +186,11 @@ def test_the_stamp_finds_the_tensors_in_their_tables(stamp_form):
     assert not matches()
     first["b"] = tensors[1]
     assert matches()
+    assert stamp.matches_entries(tuple(tables), tuple(keys), tuple(others))
     assert not stamp.matches_entries(tables, keys, others[:-1])
+    assert not stamp.matches_entries(tables, keys[:-1], others)
     assert not stamp.matches_entries(tables, keys, others[:-1] + [torch.randn(5, 2)])
+    assert not stamp.matches_entries(tables, keys, others[:-1] + [None])
     tensors[6].data.mul_(3)                               # written through .data
     assert not matches()
 

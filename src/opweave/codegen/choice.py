@@ -125,7 +125,7 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
             earlier = tune.recorded_samples(KIND, key)
             samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
         best = _preferring_int8(samples) if ("precision", "int8") in key else \
-            preferring_bf16(samples, handed=("reads", "bf16") in key) \
+            _preferring_bf16(samples, handed=("reads", "bf16") in key) \
             if ("precision", "bf16") in key else \
             _preferring_direct(samples)
         tune.remember(KIND, key, best, samples)
@@ -162,7 +162,7 @@ def _preferring_direct(samples: dict[str, list[float]], direct: str = "onednn-di
 BF16_MARGIN = 0.10
 
 
-def preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> str:
+def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> str:
     """The bf16 forms' pick (as `_preferring_direct`), unless a float32 form measured
     faster (the float32 forms' pick, as `_preferring_direct`): that one is only more
     accurate. `handed`: the group's operand may come to it in bf16

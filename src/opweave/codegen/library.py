@@ -9,8 +9,8 @@ stay channels-last from one convolution to the next (a residual operand is broug
 that layout). ReLU and residual adds are post-ops. A float32 convolution or linear layer
 also has the form "onednn-direct": the same post-ops on oneDNN's own library, its
 primitive made once (codegen/onednn_direct.py), kept unless another form measures clearly
-faster (under precision "bf16" too, on bf16 operands and results, where oneDNN has bf16
-primitives); a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
+faster (under precision "bf16" also "onednn-direct-bf16", on bf16 operands and results,
+where oneDNN has bf16 primitives, beside torch's "onednn-bf16"); a 3x3 convolution of stride 1 also "onednn-winograd", Winograd's F(2x2, 3x3) with
 its products on the same library (codegen/onednn_winograd.cpp). A linear layer of one row
 also has the form "cpp-gemv", a kernel of opweave's own for products bound by streaming
 their weight (codegen/gemv.py). Under precision "bf16x3" it also has the form
@@ -76,7 +76,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
     bf16; codegen/precision.LowPrecisionCall: the result is widened back to float32 unless
     only bf16 steps read it), beside the float32 ones: a small or memory-bound product
     (GCN's) runs faster in float32, where the bf16 form's conversions cost more than its
-    product saves (`choice.preferring_bf16`). "bf16x3" adds "onednn-bf16x3"; "int8" and
+    product saves (`choice._preferring_bf16`). "bf16x3" adds "onednn-bf16x3"; "int8" and
     "int8-dynamic" add the int8 forms where oneDNN fuses the group's epilogue
     (codegen/int8.py)."""
     if not supports():
@@ -264,9 +264,9 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
 
 
 def _bf16_direct_offered() -> bool:
-    """Whether the form "onednn-direct" is offered to a group computing in bf16: where it is
-    in float32, on a CPU where oneDNN's own library has bf16 primitives
-    (`onednn_direct.bf16_problem`); elsewhere torch's bf16 form is the group's only one."""
+    """Whether the form "onednn-direct-bf16" is offered: where "onednn-direct" is, on a
+    CPU where oneDNN's own library has bf16 primitives (`onednn_direct.bf16_problem`);
+    elsewhere torch's "onednn-bf16" is the group's only bf16 form."""
     return _direct_offered() and onednn_direct.bf16_problem() is None
 
 
@@ -815,8 +815,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     if precision == "int8" and int8.applies(precision, anchor.op):
         # its int8 form's time depends on whether its operands arrive as codes
         return key + (("precision", precision), ("codes", *_codes(graph, anchor, ep)))
-    if prec.applies(precision, anchor.op) and prec.may_arrive_in_bf16(anchor.inputs[0]):
-        # its bf16 form is then kept within a margin (`choice.preferring_bf16`)
+    if prec.applies(precision, anchor.op) and \
+            prec.may_arrive_in_bf16(anchor.inputs[0], frozenset(graph.outputs)):
+        # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
         return key + (("precision", precision), ("reads", "bf16"))
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)

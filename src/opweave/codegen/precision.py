@@ -13,7 +13,7 @@ float32. A bf16 result also passes on in bf16 through steps that only move or pi
 elements (`passes_bf16`: views, cat, max pooling), and into a layer norm that reads it
 in float32 arithmetic (`MixedCall`). A library group or attention is measured in both
 types, and keeps float32 (only more accurate) where a float32 form measured clearly
-faster than its bf16 forms (`choice.preferring_bf16`); `explain` counts the bf16 steps.
+faster than its bf16 forms (`choice._preferring_bf16`); `explain` counts the bf16 steps.
 
 "bf16x3" (Henry, Tang and Heinecke, ARITH'19) keeps float32's accuracy: a linear layer
 or convolution with a constant weight may compute from three bf16 parts of each operand,
@@ -133,24 +133,32 @@ POOLING_OPS = frozenset({"max_pool2d", "adaptive_max_pool2d"})
 _TAKES_BF16 = PASSING_OPS | MIXED_OPS | POOLING_OPS
 
 
-def may_arrive_in_bf16(v, depth: int = 4) -> bool:
+def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4) -> bool:
     """Whether a bf16 step's operand `v` may come to it in bf16: it is made by a product,
-    convolution or attention (a step that may compute in bf16), or by the epilogue of one,
-    directly or through ops that pass bf16 on (views, cat, max pooling, a layer norm:
-    `passes_bf16`, `MixedCall`). Structural, so a choice it informs does not depend on what
-    was chosen for the producer. BERT's and ViT's products and ResNet-50's convolutions but
-    its stem read results of such; GCN's products read its input features and its sparse
-    product's result, which are float32, so a bf16 form must round them at every call."""
+    convolution or attention (a step that may compute in bf16) or by the epilogue of one,
+    or by a layer norm (`MixedCall` rounds its result for readers that round), directly or
+    through ops that pass bf16 on (views, cat, poolings with bf16 kernels); and neither it
+    nor a value on that path is a graph output, which stays float32. Structural, so a
+    choice it informs does not depend on what was chosen for the producer, and a "may":
+    the producer may compute in float32 after all, or be fused into a float32 kernel.
+    BERT's and ViT's products and ResNet-50's convolutions but its stem read such
+    results; GCN's products read its input features and its sparse product's result,
+    which are float32, so a bf16 form must round them at every call."""
+    if v in graph_outputs:
+        return False
     p = v.producer
     while p is not None and p.opdef.is_view and p.inputs:
-        p = p.inputs[0].producer
+        v = p.inputs[0]
+        if v in graph_outputs:
+            return False
+        p = v.producer
     if p is None:  # a graph input
         return False
-    if p.op in LOWERED_OPS:
+    if p.op in LOWERED_OPS or p.op in MIXED_OPS:
         return True
-    if depth == 0 or p.op not in _EPILOGUE_OPS | _TAKES_BF16:
+    if depth == 0 or p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
         return False
-    return any(may_arrive_in_bf16(u, depth - 1) for u in p.inputs)
+    return any(may_arrive_in_bf16(u, graph_outputs, depth - 1) for u in p.inputs)
 
 
 def read_in_bf16(v, users) -> bool:
@@ -184,8 +192,8 @@ def conversion_bytes(ctx, members) -> int:
             return 0
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
-    widened = sum(v.type.nbytes for v in inputs
-                  if v.type.dtype == torch.float32 and may_arrive_in_bf16(v))
+    widened = sum(v.type.nbytes for v in inputs if v.type.dtype == torch.float32
+                  and may_arrive_in_bf16(v, ctx.graph_outputs))
     rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
                   and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users))
     return (widened + rounded) * 3 // 2

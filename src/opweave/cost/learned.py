@@ -73,8 +73,9 @@ def _attr(attrs: dict, name: str, default):
 
 def _library_geometry(key) -> dict:
     """GEMM-equivalent sizes of a library-form key: (op, attrs, input types, epilogue).
-    A bf16 decision's key ends in ("precision", "bf16"): the features describe float32
-    work only, so such decisions are not ranked (every form is measured)."""
+    A key of another precision holds ("precision", ...) and more after the epilogue: the
+    features describe float32 work only, so such decisions are not ranked (every form is
+    measured)."""
     if len(key) != 4:
         raise UnknownWorkload(f"a library decision keyed {key[4:]} has no features")
     op, attr_items, types, posts = key

@@ -540,45 +540,59 @@ class Stamp {
   }
 
   bool matches(const py::sequence& current) const {
-    py::object fast = py::reinterpret_steal<py::object>(
-        PySequence_Fast(current.ptr(), "a stamp compares a sequence of tensors"));
-    if (!fast) throw py::error_already_set();
-    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(fast.ptr())) != tensors_.size()) return false;
-    return same(PySequence_Fast_ITEMS(fast.ptr()));
+    py::object items = fast(current);
+    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(items.ptr())) != tensors_.size()) return false;
+    return same(PySequence_Fast_ITEMS(items.ptr()));
   }
 
   // matches([table.get(key) for table, key in zip(tables, keys)] + others): the tensors
   // found again in a module's _parameters/_buffers tables (frontends/weights.WeightWatch),
   // looked up here, the tables prefetched first (they are as cold as the tensors).
-  bool matches_entries(const py::list& tables, const py::list& keys, const py::list& others) const {
-    size_t n = static_cast<size_t>(PyList_GET_SIZE(tables.ptr()));
-    size_t m = static_cast<size_t>(PyList_GET_SIZE(others.ptr()));
-    if (static_cast<size_t>(PyList_GET_SIZE(keys.ptr())) != n || n + m != tensors_.size()) return false;
-    for (size_t i = 0; i < n; ++i) __builtin_prefetch(PyList_GET_ITEM(tables.ptr(), i));
+  bool matches_entries(const py::sequence& tables, const py::sequence& keys,
+                       const py::sequence& others) const {
+    py::object table_list = fast(tables), key_list = fast(keys), other_list = fast(others);
+    size_t n = static_cast<size_t>(PySequence_Fast_GET_SIZE(table_list.ptr()));
+    size_t m = static_cast<size_t>(PySequence_Fast_GET_SIZE(other_list.ptr()));
+    if (static_cast<size_t>(PySequence_Fast_GET_SIZE(key_list.ptr())) != n ||
+        n + m != tensors_.size()) {
+      return false;
+    }
+    PyObject** table_at = PySequence_Fast_ITEMS(table_list.ptr());
+    PyObject** key_at = PySequence_Fast_ITEMS(key_list.ptr());
+    for (size_t i = 0; i < n; ++i) __builtin_prefetch(table_at[i]);
     for (size_t i = 0; i < n; ++i) {  // and their hash tables (a module's are small)
-      PyObject* table = PyList_GET_ITEM(tables.ptr(), i);
-      if (PyDict_CheckExact(table)) {
-        const char* keys = reinterpret_cast<const char*>(
-            reinterpret_cast<PyDictObject*>(table)->ma_keys);
-        for (int line = 0; line < 4; ++line) __builtin_prefetch(keys + 64 * line);
+      if (PyDict_CheckExact(table_at[i])) {
+        const char* entries = reinterpret_cast<const char*>(
+            reinterpret_cast<PyDictObject*>(table_at[i])->ma_keys);
+        for (int line = 0; line < 4; ++line) __builtin_prefetch(entries + 64 * line);
       }
     }
     std::vector<PyObject*> items(n + m);
     for (size_t i = 0; i < n; ++i) {
-      PyObject* table = PyList_GET_ITEM(tables.ptr(), i);
-      if (!PyDict_Check(table)) return false;
-      PyObject* found = PyDict_GetItemWithError(table, PyList_GET_ITEM(keys.ptr(), i));
+      if (!PyDict_Check(table_at[i])) {
+        throw py::type_error("a stamp looks tensors up in dicts (a module's _parameters)");
+      }
+      PyObject* found = PyDict_GetItemWithError(table_at[i], key_at[i]);
       if (found == nullptr) {
         if (PyErr_Occurred()) throw py::error_already_set();
         return false;  // the entry was removed
       }
       items[i] = found;
     }
-    for (size_t j = 0; j < m; ++j) items[n + j] = PyList_GET_ITEM(others.ptr(), j);
+    PyObject** other_at = PySequence_Fast_ITEMS(other_list.ptr());
+    for (size_t j = 0; j < m; ++j) items[n + j] = other_at[j];
     return same(items.data());
   }
 
  private:
+  // `sequence` as a list or tuple whose items can be read in place
+  static py::object fast(const py::sequence& sequence) {
+    py::object items = py::reinterpret_steal<py::object>(
+        PySequence_Fast(sequence.ptr(), "a stamp compares sequences"));
+    if (!items) throw py::error_already_set();
+    return items;
+  }
+
   bool same(PyObject* const* items) const {
     const size_t n = tensors_.size();
     for (size_t i = 0; i < n; ++i) {

@@ -69,19 +69,31 @@ def workload(kind: str, key) -> tuple[str, str]:
 # up to 16 rows gained "cpp-gemv" (codegen/gemv.py). 5: 3x3 convolutions of stride 1
 # gained "onednn-winograd" (codegen/onednn_winograd.cpp). 6: under precision "bf16",
 # convolutions and linear layers gained "onednn-direct" in bf16. 7: under precision
-# "int8", they gained "onednn-int8-direct" (oneDNN's own int8 primitives). 8: under
-# "bf16", the bf16 forms are named "onednn-bf16", "onednn-direct-bf16", ... and are
-# measured against the float32 forms, which took their old names.
+# "int8", they gained "onednn-int8-direct" (oneDNN's own int8 primitives).
 # attention-form 2: the unfused form returns 0 for rows its mask hides entirely and
 # counts the copy into the fused kernel's layout. 3: the "per-head" form
 # (codegen/onednn_attention.cpp). (Its bf16 sibling "per-head-bf16" needed no revision:
 # an attention's key names the forms it compares.)
-REVISIONS = {"library-form": 8, "library-form-by-size-class": 8, "attention-form": 3}
+REVISIONS = {"library-form": 7, "library-form-by-size-class": 7, "attention-form": 3}
+# Revisions of one kind's decisions under one precision only (their keys hold
+# ("precision", name)), so the others' records stay current. library-form 8 under "bf16":
+# the bf16 forms are named "onednn-bf16", "onednn-direct-bf16", ... and are measured
+# against the float32 forms, which keep their names (a bf16 record's "onednn-direct" had
+# meant the bf16 form).
+PRECISION_REVISIONS = {("library-form", "bf16"): 8, ("library-form-by-size-class", "bf16"): 8}
+
+
+def revision(kind: str, workload_text: str) -> int:
+    """The revision of the forms a decision of `kind` keyed `workload_text` compares."""
+    for (scoped, precision), number in PRECISION_REVISIONS.items():
+        if scoped == kind and f"('precision', '{precision}')" in workload_text:
+            return number
+    return REVISIONS.get(kind, 1)
 
 
 def is_current(record: Record) -> bool:
     """Whether `record` was measured on the forms its kind compares today."""
-    return record.config.get("revision", 1) >= REVISIONS.get(record.kind, 1)
+    return record.config.get("revision", 1) >= revision(record.kind, record.workload_text)
 
 
 def _current(kind: str, key, db: TuningDB | None) -> Record | None:
@@ -118,11 +130,11 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
     seconds = min(samples[chosen])
     config = {"form": chosen}
     if kind in REVISIONS:
-        config["revision"] = REVISIONS[kind]
+        config["revision"] = revision(kind, text)
     db.put(Record(kind, wid, target_id(descriptor), text, config, seconds, samples), descriptor)
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "is_current", "recall", "recorded_samples", "remember", "REVISIONS",
+           "active", "is_current", "recall", "recorded_samples", "remember", "revision", "REVISIONS",
            "shortlist", "workload",
            "DEFAULT", "default_path"]
