@@ -354,6 +354,9 @@ def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     assert precision.conversion_bytes(ctx, frozenset([add, norm])) == (size + size) * 3 // 2
     assert precision.conversion_bytes(ctx, frozenset([add])) == size * 3 // 2  # x: an input
     assert precision.conversion_bytes(ctx, frozenset([norm])) == 0  # a MixedCall
+    # a float32 op reading a norm's result: the norm writes float32 for it, nothing widens
+    soft = g.add1("softmax", [n], {"dim": -1})
+    assert precision.conversion_bytes(Context(g, FUSIBLE), frozenset([soft.producer])) == 0
     assert precision.conversion_bytes(ctx, frozenset([h.producer.inputs[0].producer,
                                                       h.producer])) == 0  # a product
     relu = g.outputs[0].producer  # widens what it reads, writes a graph output

@@ -133,7 +133,8 @@ POOLING_OPS = frozenset({"max_pool2d", "adaptive_max_pool2d"})
 _TAKES_BF16 = PASSING_OPS | MIXED_OPS | POOLING_OPS
 
 
-def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4) -> bool:
+def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4,
+                       from_norms: bool = True) -> bool:
     """Whether a bf16 step's operand `v` may come to it in bf16: it is made by a product,
     convolution or attention (a step that may compute in bf16) or by the epilogue of one,
     or by a layer norm (`MixedCall` rounds its result for readers that round), directly or
@@ -143,7 +144,9 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4) -> bool:
     the producer may compute in float32 after all, or be fused into a float32 kernel.
     BERT's and ViT's products and ResNet-50's convolutions but its stem read such
     results; GCN's products read its input features and its sparse product's result,
-    which are float32, so a bf16 form must round them at every call."""
+    which are float32, so a bf16 form must round them at every call. `from_norms=False`
+    leaves the norms out: one writes bf16 only where every reader rounds it, float32
+    (as cheaply) for any other."""
     if v in graph_outputs:
         return False
     p = v.producer
@@ -154,11 +157,11 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4) -> bool:
         p = v.producer
     if p is None:  # a graph input
         return False
-    if p.op in LOWERED_OPS or p.op in MIXED_OPS:
+    if p.op in LOWERED_OPS or (from_norms and p.op in MIXED_OPS):
         return True
     if depth == 0 or p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
         return False
-    return any(may_arrive_in_bf16(u, graph_outputs, depth - 1) for u in p.inputs)
+    return any(may_arrive_in_bf16(u, graph_outputs, depth - 1, from_norms) for u in p.inputs)
 
 
 def read_in_bf16(v, users) -> bool:
@@ -177,9 +180,10 @@ def conversion_bytes(ctx, members) -> int:
     """The bytes a group computing in float32 makes the bf16 steps around it convert: each
     value it reads that may arrive in bf16 is widened for it, and each value it writes
     that a bf16 step reads is rounded again (2 bytes read and 4 written, or 4 and 2, an
-    element). None for a group with a product, convolution or attention (measured in bf16
-    with its conversions), nor for one op that takes bf16 as it comes (a view, cat, a
-    pooling with bf16 kernels, a layer norm: `MixedCall`). The partitioner adds their
+    element); a norm's result is not widened (it writes float32 for such a reader). None
+    for a group with a product, convolution or attention (measured in bf16 with its
+    conversions), nor for one op that takes bf16 as it comes (a view, cat, a pooling with
+    bf16 kernels, a layer norm: `MixedCall`). The partitioner adds their
     time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
     kernel between bf16 steps as free of them, and noise chose between BERT-base's FFN
     output with its residual add in the product's epilogue and the norm alone (55.6 ms a
@@ -193,7 +197,7 @@ def conversion_bytes(ctx, members) -> int:
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
     widened = sum(v.type.nbytes for v in inputs if v.type.dtype == torch.float32
-                  and may_arrive_in_bf16(v, ctx.graph_outputs))
+                  and may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False))
     rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
                   and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users))
     return (widened + rounded) * 3 // 2
