@@ -17,11 +17,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import opweave
-from opweave.codegen import choice, int8, library, onednn_direct, quantize
+from opweave.codegen import (anchor_group, choice, int8, library, library_int8, onednn_direct,
+                             quantize)
 from opweave.options import Options
 from opweave.partition.legality import Epilogue
 
-pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
+pytestmark = pytest.mark.skipif(not anchor_group.supports(), reason="needs torch built with oneDNN")
 
 INT8_REL_L2 = 5e-2  # per-tensor 8-bit activations, per-channel weights; fp32 is below 1e-5
 FP32_REL_L2 = 1e-5
@@ -39,7 +40,7 @@ def int8_form(request, monkeypatch):
     if none ran, or if any group built torch's int8 form instead) and on torch's int8 ops
     ("onednn-int8")."""
     if request.param == "torch":
-        monkeypatch.setattr(library, "_int8_direct_offered", lambda anchor, ep: False)
+        monkeypatch.setattr(library_int8, "int8_direct_offered", lambda anchor, ep: False)
         yield request.param
         return
     problem = onednn_direct.int8_problem()
@@ -54,9 +55,8 @@ def int8_form(request, monkeypatch):
                 raise AssertionError("torch's int8 form was built where the direct one runs")
             return build
         return made
-    monkeypatch.setattr(library, "_int8_conv", refusing(library._int8_conv))
-    monkeypatch.setattr(library, "_int8_linear", refusing(library._int8_linear))
-    monkeypatch.setattr(library, "_int8_linear_dynamic", refusing(library._int8_linear_dynamic))
+    for name in ("_int8_conv", "_int8_linear", "_int8_linear_dynamic"):
+        monkeypatch.setattr(library_int8, name, refusing(getattr(library_int8, name)))
     sources = []
     run = onednn_direct.run_recorded
 

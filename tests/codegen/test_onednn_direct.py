@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from opweave import Options
-from opweave.codegen import choice, library, lower, onednn_direct
+from opweave.codegen import anchor_group, choice, library, lower, onednn_direct
 from opweave.ir import Graph, TensorType
 from opweave.pipeline import compile_graph
 from opweave.runtime import Executor
@@ -207,7 +207,7 @@ def test_a_3d_convolution_is_left_to_torchs_forms():
                                    "dilation": [1, 1, 1], "groups": 1})
     g.outputs = [conv]
     from opweave.partition.legality import Epilogue
-    assert not library._direct_fits(conv.producer, Epilogue())
+    assert not anchor_group.direct_fits(conv.producer, Epilogue())
     assert "onednn-direct" not in library.forms(g, conv.producer, Epilogue())
 
 

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 import opweave
-from opweave.codegen import library, precision
+from opweave.codegen import anchor_group, library, precision
 from opweave.options import Options
 
-pytestmark = pytest.mark.skipif(not library.supports(), reason="needs torch built with oneDNN")
+pytestmark = pytest.mark.skipif(not anchor_group.supports(), reason="needs torch built with oneDNN")
 # torch's oneDNN computes bf16 on CPUs with AVX-512 BW, AVX-NE-CONVERT or AMX; elsewhere
 # "bf16" computes in float32 (test_without_bf16_it_computes_in_float32_and_says_so)
 needs_bf16 = pytest.mark.skipif(not precision.bf16_supported(),

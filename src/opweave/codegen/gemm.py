@@ -17,7 +17,7 @@ import torch
 
 from .. import tune
 from ..ir.graph import Node
-from . import choice, library
+from . import anchor_group, choice
 
 _CHOICES: dict[tuple, Callable] = {}  # (shapes, strides, dtype, threads) -> the faster form
 
@@ -32,7 +32,7 @@ def _onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 def applies(node: Node) -> bool:
     """A 2-D float32 product of two run-time values, on a torch built with oneDNN."""
-    if node.op != "matmul" or not library.supports():
+    if node.op != "matmul" or not anchor_group.supports():
         return False
     return all(len(v.type.shape) == 2 and v.type.dtype == torch.float32
                and (v.producer is None or v.producer.op != "constant") for v in node.inputs)

@@ -23,7 +23,7 @@ from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
 from ..partition.classify import constant_of
-from . import attention, build, choice, gemm, kernel_schedule, library
+from . import anchor_group, attention, build, choice, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
 from .render import FUSIBLE, KernelSource, render
@@ -230,7 +230,7 @@ def _residual_is_dead(ctx, group, position) -> bool:
     ep = anchor_epilogue(ctx, group)
     if isinstance(ep, str) or ep.binary is None or anchor.op != "conv":
         return False
-    (other,) = library.group_inputs(anchor, ep)[1:]
+    (other,) = anchor_group.group_inputs(anchor, ep)[1:]
     p = other.producer
     if p is None or p.op == "constant" or p.opdef.is_view or other in ctx.graph_outputs:
         return False
@@ -245,7 +245,7 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False,
     forms and the reference form (the nodes as torch ops, in float32)."""
     anchor = nodes[0]
     ep = anchor_epilogue(ctx, group)
-    used = library.group_inputs(anchor, ep)
+    used = anchor_group.group_inputs(anchor, ep)
     # the reference form also reads the weight's view; the library form has it packed
     ins = used + [v for v in dict.fromkeys(v for n in nodes for v in n.inputs)
                   if v not in used and not ctx.producer_in(v, group) and not _is_constant(v)]
