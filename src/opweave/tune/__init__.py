@@ -135,6 +135,6 @@ def remember(kind: str, key, chosen: str, samples: dict[str, list[float]],
 
 
 __all__ = ["TuningDB", "Record", "TuningDBError", "TuningDBWarning", "open_db", "using",
-           "active", "is_current", "recall", "recorded_samples", "remember", "revision", "REVISIONS",
-           "shortlist", "workload",
+           "active", "is_current", "recall", "recorded_samples", "remember", "revision",
+           "REVISIONS", "PRECISION_REVISIONS", "shortlist", "workload",
            "DEFAULT", "default_path"]
