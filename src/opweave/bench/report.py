@@ -128,8 +128,8 @@ def _footnotes(result: BenchResult) -> list[str]:
              f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g} "
              f"(left out of the geometric mean).",
              "Runs in Williams-square order; each call starts once the backend before it has "
-             "let its threads go idle, so each includes waking its own thread pool (about "
-             "0.2 ms on the 2-core KVM machines: docs/runtime.md)."]
+             "let its threads go idle, so each pays the slow first work of idle vCPUs "
+             "(about 0.2 ms on the KVM machines: docs/runtime.md)."]
     lows = {low_precision(b) for b in _backends(result)}
     if "bf16" in lows:
         notes.append(f"*-bf16 backends compute in bf16: held to a relative L2 difference "
