@@ -50,6 +50,13 @@ def test_bf16_is_refused_for_training_steps_with_the_reason(capsys):
     assert "training steps compute in float32" in capsys.readouterr().err
 
 
+def test_calls_per_sample_below_one_is_refused(capsys):
+    from opweave.cli import main
+
+    assert main(["bench", "--calls", "0", "--models", "gcn", "--no-progress"]) == 2
+    assert "--calls must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_the_cli_knows_every_precision_the_compiler_does():
     from opweave.cli import COMPILE_PRECISIONS
     from opweave.options import PRECISIONS

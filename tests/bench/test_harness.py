@@ -23,7 +23,7 @@ class FakeWorker:
 
     def call(self, command, *args, timeout=None):
         b = self.spec.backend
-        FakeWorker.log.append((b, command))
+        FakeWorker.log.append((b, command, *args))
         conf = FakeWorker.behaviour.get(b, {})
         if command == "gemm_peak":
             if conf.get("calibration_crash"):
@@ -41,7 +41,8 @@ class FakeWorker:
         if command == "run":
             if conf.get("crash_on_run"):
                 raise WorkerError("Traceback ...\nRuntimeError: boom")
-            return [conf.get("seconds", 0.01)] * args[0]
+            seconds = conf.get("seconds", 0.01)
+            return [conf.get("first", seconds)] + [seconds] * (args[0] - 1)
         if command == "memory":
             return dict(peak_rss=200 << 20, torch_peak=10 << 20)
         raise AssertionError(command)
@@ -73,7 +74,7 @@ def test_backends_are_timed_interleaved_one_call_at_a_time(fake):
     fake.behaviour = {"eager": dict(seconds=0.02), "inductor": dict(seconds=0.01),
                       "opweave": dict(seconds=0.005)}
     result = harness.run(_config(), worker_factory=fake)
-    timed = [b for b, c in fake.log if c == "run"]
+    timed = [b for b, c, *_ in fake.log if c == "run"]
     # warm-up: one call each; then 4 rounds per model in a Williams square's orders (each
     # backend after each other alike), never the same twice in a row
     per_model = timed[: len(timed) // 2]
@@ -85,6 +86,30 @@ def test_backends_are_timed_interleaved_one_call_at_a_time(fake):
     assert result.geomean_speedup("inductor") == pytest.approx(2.0)
     assert m1.backends["opweave"].summary.count == 4
     assert m1.flops == 2e9 and result.machine["gemm_peak_flops"] == 100e9
+
+
+def test_calls_in_a_row_are_timed_without_the_first(fake):
+    # the first call after the other backends ran pays for the pause; with --calls N a
+    # sample is the mean of the N - 1 calls after it
+    fake.behaviour = {"eager": dict(seconds=0.02, first=0.05),
+                      "opweave": dict(seconds=0.005, first=0.03)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"], calls=4),
+                         worker_factory=fake)
+    timed = [args for b, c, *args in fake.log if c == "run"]
+    assert timed[:2] == [[1], [1]]  # the warm-up: one call each
+    assert all(args == [4] for args in timed[2:]) and len(timed[2:]) == 8
+    entries = result.models[0].backends
+    assert entries["opweave"].samples == pytest.approx([0.005] * 4)
+    assert entries["eager"].samples == pytest.approx([0.02] * 4)
+    assert "each the mean of 3 calls made right after another" in report.terminal(result)
+    assert "first, which pays for the pause, is not counted" in report.terminal(result)
+
+
+def test_one_call_per_sample_keeps_the_pause(fake):
+    fake.behaviour = {"opweave": dict(seconds=0.005, first=0.03)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"]), worker_factory=fake)
+    assert result.models[0].backends["opweave"].samples == pytest.approx([0.03] * 4)
+    assert "slow first work of idle vCPUs" in report.terminal(result)
 
 
 def test_eager_is_always_the_reference_even_when_not_asked(fake):

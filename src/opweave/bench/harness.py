@@ -50,6 +50,10 @@ class BenchConfig:
     batch: int = 1
     runs: int = 10
     warmup: int = 3
+    # calls per timed sample: 1, a call after the other backends ran, its threads idle
+    # (what a model called now and then meets); N > 1, N calls in a row and the sample
+    # their mean without the first (what a model called back to back meets)
+    calls: int = 1
     threads: int = os.cpu_count() or 1
     small: bool = False
     setup_timeout_s: float = 1800.0
@@ -292,7 +296,8 @@ def _measure(config, name, result, workers, progress) -> None:
             spent += samples[0]
         if calls:
             per_call[backend] = min(calls)
-    plan = {b: runs_within_budget(per_call[b], config.runs, config.seconds_per_backend)
+    plan = {b: runs_within_budget(per_call[b] * config.calls, config.runs,
+                                  config.seconds_per_backend)
             for b in ready() if b in per_call}
     for backend, count in plan.items():
         if count < config.runs:
@@ -303,9 +308,9 @@ def _measure(config, name, result, workers, progress) -> None:
     for order in round_robin(plan):
         for backend in order:
             if backend in workers:
-                samples = call(backend, "run", 1)
+                samples = call(backend, "run", config.calls)
                 if samples:
-                    result.backends[backend].samples.extend(samples)
+                    result.backends[backend].samples.append(sample_of(samples))
         progress.update(1)
     progress.update(config.runs - len(round_robin(plan)))
     progress.set_description(f"{name}: memory")
@@ -318,6 +323,12 @@ def _measure(config, name, result, workers, progress) -> None:
                                                  + _last_line(str(error))]))
             continue
         entry.peak_rss, entry.torch_peak = memory.get("peak_rss"), memory.get("torch_peak")
+
+
+def sample_of(calls: list[float]) -> float:
+    """One timed sample from the seconds of calls made in a row: the call itself, or the
+    mean of all but the first (which pays for the pause since the backend last ran)."""
+    return calls[0] if len(calls) == 1 else sum(calls[1:]) / (len(calls) - 1)
 
 
 def _last_line(text: str) -> str:
