@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from opweave.cli import main
 
 
@@ -50,11 +52,29 @@ def test_bf16_is_refused_for_training_steps_with_the_reason(capsys):
     assert "training steps compute in float32" in capsys.readouterr().err
 
 
-def test_calls_per_sample_below_one_is_refused(capsys):
-    from opweave.cli import main
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_calls_per_run_below_one_is_refused_on_every_device(capsys, device):
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--calls", "0", "--device", device, "--no-progress"])
+    assert exit_.value.code == 2
+    assert "--calls: must be at least 1, got 0" in capsys.readouterr().err
 
-    assert main(["bench", "--calls", "0", "--models", "gcn", "--no-progress"]) == 2
-    assert "--calls must be at least 1, got 0" in capsys.readouterr().err
+
+def test_calls_per_run_default_one_on_the_cpu(monkeypatch):
+    from opweave.bench import harness
+
+    seen = []
+
+    def fake_run(config, progress=None):
+        seen.append(config.calls)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(harness, "run", fake_run)
+    for argv, calls in ((["bench", "--models", "gcn"], 1),
+                        (["bench", "--models", "gcn", "--calls", "5"], 5)):
+        with pytest.raises(SystemExit):
+            main(argv + ["--no-progress"])
+    assert seen == [1, 5]
 
 
 def test_the_cli_knows_every_precision_the_compiler_does():

@@ -144,15 +144,13 @@ def _bench(args) -> int:
         print(f"--precision {args.precision} compares inference backends; training steps "
               "compute in float32", file=sys.stderr)
         return 2
-    if args.calls is not None and args.calls < 1:
-        print(f"--calls must be at least 1, got {args.calls}", file=sys.stderr)
-        return 2
     backends = args.backends or (harness.TRAIN_BACKENDS if args.mode == "train"
                                  else harness.PRECISION_BACKENDS.get(args.precision)
                                  or harness.DEFAULT_BACKENDS)
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
-                                 calls=args.calls or 1, threads=args.threads, small=args.small,
+                                 calls=1 if args.calls is None else args.calls,
+                                 threads=args.threads, small=args.small,
                                  log_dir=str(Path(args.out) / "logs"))
     total = len(config.models) * harness.steps_per_model(config)
     with tqdm(total=total, disable=args.no_progress or None, leave=False,
@@ -182,7 +180,8 @@ def _gpu_bench(args) -> int:
     if args.max_autotune:
         backends.insert(2, "inductor-max-autotune")
     results = gpu.run(args.models or list(models.BENCHMARK_SET), backends, args.mode,
-                      args.precision, args.runs, args.calls or 20, Path(args.out))
+                      args.precision, args.runs, 20 if args.calls is None else args.calls,
+                      Path(args.out))
     failed = [r.model for r in results for e in r.entries
               if e.backend.startswith("opweave") and e.ms is None]
     return 1 if failed else 0
@@ -478,6 +477,17 @@ def _add_fuzz_parser(sub) -> None:
     p.set_defaults(func=_fuzz)
 
 
+def _at_least_one(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _add_bench_parser(sub, models) -> None:
     import os
 
@@ -500,7 +510,7 @@ def _add_bench_parser(sub, models) -> None:
                         "ONNX Runtime statically quantized, calibrated on the benchmark's "
                         "inputs, held to int8's (default backends change accordingly)")
     p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--runs", type=int, default=10, help="timed rounds (one call per backend)")
+    p.add_argument("--runs", type=int, default=10, help="timed rounds (one sample per backend)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="threads for every backend (default: all cores)")
@@ -538,11 +548,11 @@ def _add_bench_parser(sub, models) -> None:
                         "(--mode, --precision, --runs, --models, --out apply; bench/gpu.py)")
     p.add_argument("--max-autotune", action="store_true",
                    help="--device cuda: add Inductor's max-autotune (minutes per model)")
-    p.add_argument("--calls", type=int, default=None,
-                   help="calls per timed sample: on the CPU 1 (default), each a call after "
-                        "the other backends ran, or N, the mean of N-1 calls made right "
-                        "after another (the first is not counted); --device cuda: the mean "
-                        "of N calls (default 20)")
+    p.add_argument("--calls", type=_at_least_one, default=None,
+                   help="calls per run of the latency bench: 1 (default), one call after "
+                        "the other backends ran; N, N calls back to back, the sample their "
+                        "mean without the first (docs/architecture.md); --device cuda: the "
+                        "sample is the mean of N calls (default 20)")
     p.add_argument("--seqs", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256, 384, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],

@@ -41,8 +41,10 @@ class FakeWorker:
         if command == "run":
             if conf.get("crash_on_run"):
                 raise WorkerError("Traceback ...\nRuntimeError: boom")
-            seconds = conf.get("seconds", 0.01)
-            return [conf.get("first", seconds)] + [seconds] * (args[0] - 1)
+            seconds = conf.get("seconds", 0.01)  # one call's, or each call's of a run
+            if isinstance(seconds, list):
+                return seconds[:args[0]]
+            return [seconds] * args[0]
         if command == "memory":
             return dict(peak_rss=200 << 20, torch_peak=10 << 20)
         raise AssertionError(command)
@@ -89,27 +91,44 @@ def test_backends_are_timed_interleaved_one_call_at_a_time(fake):
 
 
 def test_calls_in_a_row_are_timed_without_the_first(fake):
-    # the first call after the other backends ran pays for the pause; with --calls N a
-    # sample is the mean of the N - 1 calls after it
-    fake.behaviour = {"eager": dict(seconds=0.02, first=0.05),
-                      "opweave": dict(seconds=0.005, first=0.03)}
+    # the first call after the other backends ran pays for the pause; with calls=N a
+    # sample is the mean of the N - 1 calls after it, and the first is kept apart
+    fake.behaviour = {"eager": dict(seconds=[0.05, 0.02, 0.02, 0.02]),
+                      "opweave": dict(seconds=[0.03, 0.004, 0.005, 0.009])}
     result = harness.run(_config(models=["m1"], backends=["opweave"], calls=4),
                          worker_factory=fake)
     timed = [args for b, c, *args in fake.log if c == "run"]
     assert timed[:2] == [[1], [1]]  # the warm-up: one call each
     assert all(args == [4] for args in timed[2:]) and len(timed[2:]) == 8
     entries = result.models[0].backends
-    assert entries["opweave"].samples == pytest.approx([0.005] * 4)
+    assert entries["opweave"].samples == pytest.approx([0.006] * 4)
+    assert entries["opweave"].first_calls == pytest.approx([0.03] * 4)
     assert entries["eager"].samples == pytest.approx([0.02] * 4)
-    assert "each the mean of 3 calls made right after another" in report.terminal(result)
-    assert "first, which pays for the pause, is not counted" in report.terminal(result)
+    assert report.to_json(result)["config"]["calls"] == 4
+    text = report.terminal(result)
+    assert "each run 4 calls back to back, its sample the mean of all but the first" in text
+    assert "its first call, which pays the slow first work of idle vCPUs" in text
 
 
-def test_one_call_per_sample_keeps_the_pause(fake):
-    fake.behaviour = {"opweave": dict(seconds=0.005, first=0.03)}
+def test_a_run_of_several_calls_counts_them_all_in_the_budget(fake):
+    fake.behaviour = {"opweave": dict(seconds=0.01)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"], calls=4, runs=4,
+                                 seconds_per_backend=0.13), worker_factory=fake)
+    entry = result.models[0].backends["opweave"]
+    assert entry.summary.count == 3 and "3 runs (slow)" in entry.note
+
+
+def test_calls_per_run_below_one_are_refused():
+    with pytest.raises(ValueError, match="at least 1"):
+        _config(calls=0)
+
+
+def test_one_call_per_run_keeps_the_pause(fake):
+    fake.behaviour = {"opweave": dict(seconds=[0.03, 0.005])}
     result = harness.run(_config(models=["m1"], backends=["opweave"]), worker_factory=fake)
-    assert result.models[0].backends["opweave"].samples == pytest.approx([0.03] * 4)
-    assert "slow first work of idle vCPUs" in report.terminal(result)
+    entry = result.models[0].backends["opweave"]
+    assert entry.samples == pytest.approx([0.03] * 4) and entry.first_calls == []
+    assert "so each pays the slow first work of idle vCPUs" in report.terminal(result)
 
 
 def test_eager_is_always_the_reference_even_when_not_asked(fake):

@@ -1,8 +1,9 @@
 """`opweave bench`: every backend on every model, in worker processes, interleaved.
 
 Per model: each backend's worker is prepared in turn (so compile times are not contended),
-all are warmed up, then timed in rotating rounds (A B C, B C A, ...) one call at a time;
-then each reports its peak memory during one more call. Eager is always measured: it is
+all are warmed up, then timed in rounds whose orders form a Williams square, one run of
+each backend at a time (one call, or with `calls` N calls in a row); then each reports its
+peak memory during one more call. Eager is always measured: it is
 the reference for accuracy and the baseline of the ratios.
 """
 from __future__ import annotations
@@ -50,15 +51,19 @@ class BenchConfig:
     batch: int = 1
     runs: int = 10
     warmup: int = 3
-    # calls per timed sample: 1, a call after the other backends ran, its threads idle
-    # (what a model called now and then meets); N > 1, N calls in a row and the sample
-    # their mean without the first (what a model called back to back meets)
+    # calls per run: 1, one call after the other backends ran, its threads idle (what a
+    # model called now and then meets); N > 1, N calls in a row, the sample their mean
+    # without the first, which pays for the pause (what a model called back to back meets)
     calls: int = 1
     threads: int = os.cpu_count() or 1
     small: bool = False
     setup_timeout_s: float = 1800.0
     seconds_per_backend: float = 60.0  # timing budget: slow backends get fewer runs (min 3)
     log_dir: str | None = None  # workers' stdout/stderr go to <log_dir>/<model>-<backend>.log
+
+    def __post_init__(self):
+        if self.calls < 1:
+            raise ValueError(f"calls per run must be at least 1, got {self.calls}")
 
     def log_path(self, model: str, backend: str | None) -> str | None:
         if self.log_dir is None:
@@ -77,7 +82,8 @@ class BackendResult:
     reason: str = ""  # why it is unavailable or failed
     note: str = ""  # how it ran (e.g. an export formulation)
     setup_s: float | None = None
-    samples: list[float] = field(default_factory=list)  # seconds per call
+    samples: list[float] = field(default_factory=list)  # seconds per call, one per run
+    first_calls: list[float] = field(default_factory=list)  # with calls > 1: each run's first
     max_abs_diff: float | None = None
     rel_l2_diff: float | None = None  # ||outputs - eager's|| / ||eager's||, all outputs
     peak_rss: int | None = None
@@ -278,6 +284,7 @@ def _measure(config, name, result, workers, progress) -> None:
         except (WorkerError, BackendUnavailable) as error:
             result.backends[backend].fail(ERROR, f"{command}: {_last_line(str(error))}")
             result.backends[backend].samples.clear()
+            result.backends[backend].first_calls.clear()
             workers.pop(backend).close()
             return None
 
@@ -310,7 +317,10 @@ def _measure(config, name, result, workers, progress) -> None:
             if backend in workers:
                 samples = call(backend, "run", config.calls)
                 if samples:
-                    result.backends[backend].samples.append(sample_of(samples))
+                    entry = result.backends[backend]
+                    entry.samples.append(sample_of(samples))
+                    if len(samples) > 1:
+                        entry.first_calls.append(samples[0])
         progress.update(1)
     progress.update(config.runs - len(round_robin(plan)))
     progress.set_description(f"{name}: memory")
@@ -326,8 +336,7 @@ def _measure(config, name, result, workers, progress) -> None:
 
 
 def sample_of(calls: list[float]) -> float:
-    """One timed sample from the seconds of calls made in a row: the call itself, or the
-    mean of all but the first (which pays for the pause since the backend last ran)."""
+    """A run's sample from the seconds of its calls (`BenchConfig.calls`)."""
     return calls[0] if len(calls) == 1 else sum(calls[1:]) / (len(calls) - 1)
 
 

@@ -118,8 +118,8 @@ def _preamble(result: BenchResult) -> list[str]:
     precision = ", ".join(["fp32"] + [f"{p} where a backend is named *-{p}" for p in lows])
     return [f"{what}, batch {c.batch}, {precision}, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up"
-            + (f", each the mean of {c.calls - 1} calls made right after another"
-               if c.calls > 1 else ""),
+            + (f"; each run {c.calls} calls back to back, its sample the mean of all but the "
+               f"first" if c.calls > 1 else ""),
             cpu.line(m.get("cpu_info") or {}),
             f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
@@ -130,12 +130,12 @@ def _footnotes(result: BenchResult) -> list[str]:
              f"! = outputs differ from eager by more than {TOLERANCE[result.config.mode]:g} "
              f"(left out of the geometric mean).",
              "Runs in Williams-square order; each run starts once the backend before it has "
-             "let its threads go idle, so "
-             + ("each pays the slow first work of idle vCPUs (about 0.2 ms on the KVM "
+             "let its threads go idle, "
+             + ("so each pays the slow first work of idle vCPUs (about 0.2 ms on the KVM "
                 "machines: docs/runtime.md; --calls N times calls made back to back)."
                 if result.config.calls == 1 else
-                f"each makes {result.config.calls} calls in a row and the first, which pays "
-                f"for the pause, is not counted.")]
+                "and its first call, which pays the slow first work of idle vCPUs "
+                "(docs/runtime.md), is not counted.")]
     lows = {low_precision(b) for b in _backends(result)}
     if "bf16" in lows:
         notes.append(f"*-bf16 backends compute in bf16: held to a relative L2 difference "
