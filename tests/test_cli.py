@@ -74,7 +74,7 @@ def test_calls_per_run_default_one_on_the_cpu(monkeypatch):
                         (["bench", "--models", "gcn", "--calls", "5"], 5)):
         with pytest.raises(SystemExit):
             main(argv + ["--no-progress"])
-    assert seen == [1, 5]
+        assert seen[-1] == calls
 
 
 def test_the_cli_knows_every_precision_the_compiler_does():
