@@ -177,10 +177,10 @@ def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> s
     memory, its bf16 model ran 2.48 ms against float32's 2.27."""
     low = {name: times for name, times in samples.items() if name.endswith(prec.LOW_SUFFIX)}
     full = {name: times for name, times in samples.items() if name not in low}
+    low_direct = "onednn-direct" + prec.LOW_SUFFIX
     if not low or not full:
-        return _preferring_direct(samples, direct="onednn-direct" + prec.LOW_SUFFIX
-                                  if low else "onednn-direct")
-    low_best = _preferring_direct(low, direct="onednn-direct" + prec.LOW_SUFFIX)
+        return _preferring_direct(samples, direct=low_direct if low else "onednn-direct")
+    low_best = _preferring_direct(low, direct=low_direct)
     full_best = _preferring_direct(full)
     margin = BF16_MARGIN if handed else 0.0
     if min(full[full_best]) * (1 + margin) < min(low[low_best]):

@@ -180,9 +180,9 @@ def conversion_bytes(ctx, members) -> int:
     """The bytes a group computing in float32 makes the bf16 steps around it convert: each
     value it reads that may arrive in bf16 is widened for it, and each value it writes
     that a bf16 step reads is rounded again (2 bytes read and 4 written, or 4 and 2, an
-    element); a norm's result is not widened (it writes float32 for such a reader). None
+    element); a norm's result is not widened (it writes float32 for such a reader). Zero
     for a group with a product, convolution or attention (measured in bf16 with its
-    conversions), nor for one op that takes bf16 as it comes (a view, cat, a pooling with
+    conversions), and for one op that takes bf16 as it comes (a view, cat, a pooling with
     bf16 kernels, a layer norm: `MixedCall`). The partitioner adds their
     time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
     kernel between bf16 steps as free of them, and noise chose between BERT-base's FFN
