@@ -30,6 +30,10 @@ Environment variables:
   OPWEAVE_ALLOCATOR      keep (default) | system: keep memory freed between calls mapped
                          (glibc's malloc thresholds, runtime/allocator.py), or leave the C
                          library's policy alone
+  OPWEAVE_WORKERS        apart (default) | system: during a native plan's calls, the calling
+                         thread's OpenMP workers run on every allowed CPU but the caller's
+                         (a call after an idle gap no longer waits out a scheduler tick), or
+                         where the operating system puts them (runtime/native_plan.cpp)
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation | bf16x3: linear
                          layers and convolutions from three bf16 parts, float32's
@@ -50,6 +54,7 @@ from typing import Mapping
 
 from .codegen.kernel_schedule import check_mode as check_kernels
 from .runtime.allocator import check_mode as check_allocator
+from .runtime.native import check_workers
 from .passes.rewrite.pipeline import RewriteOptions
 
 FUSION_MODES = ("ilp", "greedy", "off")
@@ -110,6 +115,10 @@ class Options:
     # (no page faults on every call); "system": the C library's own policy
     # (runtime/allocator.py)
     allocator: str = "keep"
+    # "apart": the native plan's calls keep the calling thread's OpenMP workers off the
+    # caller's CPU (a worker woken onto it waits for the caller to be preempted); "system":
+    # the operating system places them (runtime/native_plan.cpp, WorkersApart)
+    workers: str = "apart"
     # measure the library forms the tuning database records again, and decide each on its
     # record's samples and the new ones together (a record measured under load is then
     # corrected: noise only adds time); `opweave tune MODEL`'s workers do
@@ -125,6 +134,7 @@ class Options:
         _choice("schedule", self.schedule, SCHEDULES)
         check_kernels(self.kernels)
         check_allocator(self.allocator)
+        check_workers(self.workers)
         if not isinstance(self.rewrite, RewriteOptions):
             raise TypeError(f"rewrite must be RewriteOptions, not {type(self.rewrite).__name__}")
         if self.deterministic and (self.rewrite.limits.seconds != math.inf
@@ -179,6 +189,7 @@ class Options:
                    schedule=env.get("OPWEAVE_SCHEDULE", "").strip().lower() or "sequential",
                    kernels=env.get("OPWEAVE_KERNELS", "").strip().lower() or "recorded",
                    allocator=env.get("OPWEAVE_ALLOCATOR", "").strip().lower() or "keep",
+                   workers=env.get("OPWEAVE_WORKERS", "").strip().lower() or "apart",
                    recheck=_flag(env, "OPWEAVE_RECHECK", False),
                    debug_dir=(env.get("OPWEAVE_DEBUG_DIR") or "opweave_debug")
                    if debug not in ("", "0") else None)

@@ -220,7 +220,8 @@ class PassRun:
     def _executor(self, graph: Graph, steps, device: str) -> Executor:
         """The graph's executor; with schedule="ios" or "critical-path", carrying the
         Staging that runs its steps in concurrent stages (schedule/concurrent.py)."""
-        executor = Executor(graph, steps=steps, native=self.options.native, device=device)
+        executor = Executor(graph, steps=steps, native=self.options.native, device=device,
+                            workers=self.options.workers)
         quantized = [s.fn for s in steps or () if isinstance(s.fn, int8.Int8Group)]
         if quantized:
             gathers = [s.fn for s in steps if isinstance(s.fn, int8.CodeGather)]

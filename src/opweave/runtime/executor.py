@@ -32,14 +32,15 @@ class InputError(ValueError):
 
 class Executor:
     def __init__(self, graph: Graph, *, use_arena: bool = False, check_inputs: bool = True,
-                 steps=None, native: str = "off", device: str = "cpu"):
+                 steps=None, native: str = "off", device: str = "cpu",
+                 workers: str = "apart"):
         verify(graph)
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None and torch.cuda.is_available():
             self.device = torch.device("cuda", torch.cuda.current_device())
         if self.device.type != "cpu":
             native = "off"  # the native plan replays CPU kernels; CUDA graphs do this there
-        self.native = NativeState(native, graph.name)
+        self.native = NativeState(native, graph.name, workers)
         self.graph = graph
         self.plan: MemoryPlan = plan_memory(graph)
         self.use_arena = use_arena

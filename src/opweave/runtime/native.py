@@ -50,6 +50,16 @@ MODULE_NAME = "opweave_native"
 NATIVE_FORMAT = 1
 RECORD_AT_CALL = 2  # the first call may still measure (GEMM forms) or allocate lazily
 MODES = ("background", "wait", "off")
+# where the calling thread's OpenMP workers run during a plan's calls: "apart" keeps them
+# off the caller's CPU (native_plan.cpp's WorkersApart says why), "system" leaves it to
+# the operating system
+WORKER_MODES = ("apart", "system")
+
+
+def check_workers(mode: str) -> str:
+    if mode not in WORKER_MODES:
+        raise ValueError(f"workers must be one of {', '.join(WORKER_MODES)}; got {mode!r}")
+    return mode
 
 
 class NativeWarning(UserWarning):
@@ -406,10 +416,11 @@ class NativeState:
     """Where one executor stands: counting calls, recorded (to be checked), active (`plan`
     set) or off (`reason` set)."""
 
-    def __init__(self, mode: str, graph_name: str):
+    def __init__(self, mode: str, graph_name: str, workers: str = "apart"):
         if mode not in MODES:
             raise ValueError(f"native mode must be one of {MODES}, got {mode!r}")
         self.mode = mode
+        self.workers = check_workers(workers)
         self.graph_name = graph_name
         self.plan = None
         self.reason: str | None = "disabled (native='off')" if mode == "off" else None
@@ -442,7 +453,9 @@ class NativeState:
         if self.plan is not None:
             ops, kernels = self.counts
             # raw calls: generated kernels, quantizers, direct oneDNN primitives
-            return f"native plan ({ops} operator calls, {kernels} raw kernel calls)"
+            apart = "; OpenMP workers kept off the caller's CPU" \
+                if self.workers == "apart" else ""
+            return f"native plan ({ops} operator calls, {kernels} raw kernel calls{apart})"
         if self.reason is not None:
             return f"Python steps: {self.reason}"
         return "Python steps (the native plan is recorded at a later call)"
@@ -487,6 +500,7 @@ class NativeState:
             _recording.release()
         try:
             self._candidate = recorder.finish(outputs)
+            self._candidate.set_workers_apart(self.workers == "apart")
             self.layout = recorder.layout
         except NotReplayable as err:
             self.reason = str(err)

@@ -10,6 +10,9 @@
 // A plan may also be given stages (schedule/concurrent.py, IOS): each stage runs its
 // groups of instructions at once, each on one thread of the calling thread's OpenMP team,
 // and joins before the next stage.
+//
+// A plan may keep the calling thread's OpenMP workers off the CPU the caller runs on
+// (`set_workers_apart`, Options.workers; WorkersApart below says why).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -19,8 +22,14 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdint>
 #include <cstring>
 #include <exception>
@@ -41,6 +50,7 @@ void omp_set_num_threads(int) __attribute__((weak));
 int omp_get_max_threads(void) __attribute__((weak));
 int omp_get_num_threads(void) __attribute__((weak));
 int omp_get_thread_num(void) __attribute__((weak));
+int omp_get_level(void) __attribute__((weak));
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
     __attribute__((weak));
 // mkl_service.h spells mkl_set_num_threads_local so (the lower-case symbol is Fortran's, by pointer)
@@ -103,6 +113,84 @@ void run_together(const std::vector<std::function<void()>>& tasks) {
     if (e) std::rethrow_exception(e);
   }
 }
+
+// Keeps the OpenMP workers of the calling thread's team off the CPU that thread is on.
+//
+// Why: a call that starts after an idle gap wakes its workers, and on the KVM guests this
+// project runs on, the guest's scheduler often woke a worker onto the caller's own vCPU
+// though the other one was idle (likely because the host had descheduled that one). The
+// caller then spins at the region's barrier waiting for a worker queued behind it until
+// a scheduler tick preempts it: an empty 2-thread region after a 50 ms pause took 5.7 ms,
+// the worker starting on the caller's vCPU after 1.7 ms; XML-CNN's bf16 call after a
+// 30 ms pause 10.7 ms (median) against 0.9 back to back. A worker that may run on every
+// allowed CPU but the caller's is woken on another one: 0.06-0.08 ms for the region,
+// 1.5-1.6 ms for XML-CNN (AMD EPYC Zen 4, 2 vCPUs; docs/runtime.md). A worker sharing the
+// caller's CPU never helps it: the caller spins at the barrier until the worker is done.
+//
+// How: the workers' thread ids are learned once per team size (libgomp keeps a team's
+// threads by position across regions), and their affinity is set again only when the
+// caller is on another CPU than last time, after checking that they are still this
+// process's threads (a smaller multi-thread team ends the threads past its size; a
+// larger one then starts new ones, which run where the system puts them until the
+// caller moves): most calls cost one sched_getcpu (a plan of two kernels: 2.80 against
+// 2.77 us a call). Left alone: a team larger than the CPUs the caller may use, a caller
+// inside a parallel region, and placement the user chose (OMP_PROC_BIND, OMP_PLACES,
+// GOMP_CPU_AFFINITY, KMP_AFFINITY).
+class WorkersApart {
+ public:
+  static void apply() {
+    if (!omp_get_max_threads || !GOMP_parallel || !omp_get_thread_num) return;
+    if (omp_get_level && omp_get_level() > 0) return;
+    static const bool user_placed = std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES") ||
+                                    std::getenv("GOMP_CPU_AFFINITY") || std::getenv("KMP_AFFINITY");
+    if (user_placed) return;
+    thread_local WorkersApart state;
+    state.place(omp_get_max_threads(), sched_getcpu());
+  }
+
+ private:
+  void place(int team, int cpu) {
+    if (team < 2 || cpu < 0) return;
+    if (team != team_) learn(team);
+    if (!usable_ || cpu == cpu_) return;
+    if (!std::all_of(workers_.begin(), workers_.end(), alive)) learn(team);  // remade
+    if (!usable_) return;
+    cpu_set_t others = allowed_;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0) return;
+    for (pid_t tid : workers_) sched_setaffinity(tid, sizeof others, &others);
+    cpu_ = cpu;
+  }
+
+  // The team's worker thread ids (positions 1..team-1), and whether they may be placed
+  // (not when the region ran fewer threads than asked: that is not learned again until
+  // the team size changes).
+  void learn(int team) {
+    std::vector<pid_t> ids(team, 0);
+    GOMP_parallel(
+        [](void* data) {
+          static_cast<pid_t*>(data)[omp_get_thread_num()] = static_cast<pid_t>(syscall(SYS_gettid));
+        },
+        ids.data(), static_cast<unsigned>(team), 0);
+    workers_.assign(ids.begin() + 1, ids.end());
+    team_ = team;
+    cpu_ = -1;
+    usable_ = sched_getaffinity(0, sizeof allowed_, &allowed_) == 0 &&
+              CPU_COUNT(&allowed_) >= team &&
+              std::find(workers_.begin(), workers_.end(), 0) == workers_.end();
+  }
+
+  // Whether `tid` is a thread of this process still (a signal 0 checks, sends nothing).
+  static bool alive(pid_t tid) {
+    return tid > 0 && syscall(SYS_tgkill, getpid(), tid, 0) == 0;
+  }
+
+  int team_ = 0;
+  int cpu_ = -1;  // the caller's CPU the workers were last kept off
+  bool usable_ = false;
+  cpu_set_t allowed_{};
+  std::vector<pid_t> workers_;  // never empty once learned: team >= 2
+};
 
 // What one group of a stage runs: instructions in order, each with the slots dropped
 // after it (the group's own last uses), on `threads` threads.
@@ -276,6 +364,7 @@ class Plan {
     auto stages = active();
     {
       py::gil_scoped_release released;
+      if (workers_apart_) WorkersApart::apply();
       if (stages) {
         execute_stages(*stages, slots);
       } else {
@@ -294,6 +383,7 @@ class Plan {
     std::vector<double> seconds(instructions_.size());
     {
       py::gil_scoped_release released;
+      if (workers_apart_) WorkersApart::apply();
       TeamSize team(threads);
       std::vector<void*> pointers;
       for (size_t i = 0; i < instructions_.size(); ++i) {
@@ -322,6 +412,7 @@ class Plan {
     std::vector<double> seconds;
     {
       py::gil_scoped_release released;
+      if (workers_apart_) WorkersApart::apply();
       execute_stages(*stages, slots, &seconds);
     }
     return py::make_tuple(outputs(slots), py::cast(seconds));
@@ -359,6 +450,9 @@ class Plan {
   }
 
   bool staged() const { return active() != nullptr; }
+
+  // Whether calls keep the caller's OpenMP workers off its CPU (WorkersApart).
+  void set_workers_apart(bool on) { workers_apart_ = on; }
 
  private:
   py::list outputs(const std::vector<at::Tensor>& slots) const {
@@ -489,6 +583,7 @@ class Plan {
   std::vector<Instruction> instructions_;
   std::vector<int> outputs_;
   std::vector<std::pair<int, at::Tensor>> constants_;
+  std::atomic<bool> workers_apart_{false};
   mutable std::mutex mutex_;  // guards the two below
   std::shared_ptr<const std::vector<Stage>> stages_;  // set by set_stages
   std::shared_ptr<const std::vector<Stage>> active_;  // what calls run: stages_ or none
@@ -684,6 +779,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("run_stages", &Plan::run_stages)
       .def("set_stages", &Plan::set_stages)
       .def("use_stages", &Plan::use_stages)
+      .def("set_workers_apart", &Plan::set_workers_apart)
       .def_property_readonly("staged", &Plan::staged);
   m.def("fork_join_seconds", &fork_join_seconds);
   py::class_<Stamp>(m, "Stamp")
