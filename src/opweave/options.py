@@ -30,10 +30,10 @@ Environment variables:
   OPWEAVE_ALLOCATOR      keep (default) | system: keep memory freed between calls mapped
                          (glibc's malloc thresholds, runtime/allocator.py), or leave the C
                          library's policy alone
-  OPWEAVE_WORKERS        apart (default) | system: during a native plan's calls, the calling
+  OPWEAVE_WORKERS        apart (default) | system: from a native plan's call on, the calling
                          thread's OpenMP workers run on every allowed CPU but the caller's
                          (a call after an idle gap no longer waits out a scheduler tick), or
-                         where the operating system puts them (runtime/native_plan.cpp)
+                         are left where they are (runtime/native_plan.cpp, WorkersApart)
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation | bf16x3: linear
                          layers and convolutions from three bf16 parts, float32's
@@ -117,7 +117,7 @@ class Options:
     allocator: str = "keep"
     # "apart": the native plan's calls keep the calling thread's OpenMP workers off the
     # caller's CPU (a worker woken onto it waits for the caller to be preempted); "system":
-    # the operating system places them (runtime/native_plan.cpp, WorkersApart)
+    # they are left where they are (runtime/native_plan.cpp, WorkersApart)
     workers: str = "apart"
     # measure the library forms the tuning database records again, and decide each on its
     # record's samples and the new ones together (a record measured under load is then

@@ -50,9 +50,9 @@ MODULE_NAME = "opweave_native"
 NATIVE_FORMAT = 1
 RECORD_AT_CALL = 2  # the first call may still measure (GEMM forms) or allocate lazily
 MODES = ("background", "wait", "off")
-# where the calling thread's OpenMP workers run during a plan's calls: "apart" keeps them
-# off the caller's CPU (native_plan.cpp's WorkersApart says why), "system" leaves it to
-# the operating system
+# where the calling thread's OpenMP workers run: "apart" keeps them off the caller's CPU
+# from a plan's call on (native_plan.cpp's WorkersApart says why), "system" leaves them
+# where they are
 WORKER_MODES = ("apart", "system")
 
 
@@ -454,7 +454,7 @@ class NativeState:
             ops, kernels = self.counts
             # raw calls: generated kernels, quantizers, direct oneDNN primitives
             apart = "; OpenMP workers kept off the caller's CPU" \
-                if self.workers == "apart" else ""
+                if self.plan.workers_kept_apart else ""
             return f"native plan ({ops} operator calls, {kernels} raw kernel calls{apart})"
         if self.reason is not None:
             return f"Python steps: {self.reason}"

@@ -22,6 +22,8 @@
 #include <torch/csrc/utils/pybind.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 
+#include <dlfcn.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,6 +53,7 @@ int omp_get_max_threads(void) __attribute__((weak));
 int omp_get_num_threads(void) __attribute__((weak));
 int omp_get_thread_num(void) __attribute__((weak));
 int omp_get_level(void) __attribute__((weak));
+int omp_get_proc_bind(void) __attribute__((weak));  // an enum whose 0 is omp_proc_bind_false
 void GOMP_parallel(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags)
     __attribute__((weak));
 // mkl_service.h spells mkl_set_num_threads_local so (the lower-case symbol is Fortran's, by pointer)
@@ -120,52 +123,95 @@ void run_together(const std::vector<std::function<void()>>& tasks) {
 // project runs on, the guest's scheduler often woke a worker onto the caller's own vCPU
 // though the other one was idle (likely because the host had descheduled that one). The
 // caller then spins at the region's barrier waiting for a worker queued behind it until
-// a scheduler tick preempts it: an empty 2-thread region after a 50 ms pause took 5.7 ms,
-// the worker starting on the caller's vCPU after 1.7 ms; XML-CNN's bf16 call after a
-// 30 ms pause 10.7 ms (median) against 0.9 back to back. A worker that may run on every
-// allowed CPU but the caller's is woken on another one: 0.06-0.08 ms for the region,
-// 1.5-1.6 ms for XML-CNN (AMD EPYC Zen 4, 2 vCPUs; docs/runtime.md). A worker sharing the
-// caller's CPU never helps it: the caller spins at the barrier until the worker is done.
+// a scheduler tick preempts it: an empty 2-thread region after a 50 ms pause took 3.0-5.7
+// ms when that happened (3 of 8), against 0.06-0.08 ms with the worker kept on the other
+// vCPU (8 of 8); XML-CNN's bf16 call after a 100 ms pause took 11.7-11.8 ms (median)
+// against 1.3-1.5 kept apart (AMD EPYC Zen 4, 2 vCPUs; docs/runtime.md). A worker sharing
+// the caller's CPU never helps it: the caller spins at the barrier until it is done.
 //
-// How: the workers' thread ids are learned once per team size (libgomp keeps a team's
-// threads by position across regions), and their affinity is set again only when the
-// caller is on another CPU than last time, after checking that they are still this
-// process's threads (a smaller multi-thread team ends the threads past its size; a
-// larger one then starts new ones, which run where the system puts them until the
-// caller moves): most calls cost one sched_getcpu (a plan of two kernels: 2.80 against
-// 2.77 us a call). Left alone: a team larger than the CPUs the caller may use, a caller
-// inside a parallel region, and placement the user chose (OMP_PROC_BIND, OMP_PLACES,
-// GOMP_CPU_AFFINITY, KMP_AFFINITY).
+// How: the workers' thread ids are learned with one region per team size (libgomp keeps
+// a team's threads by position across regions), and their affinity (every CPU the caller
+// may use but its own) is set again only when the caller is found on another CPU at a
+// call's start or end, after checking that the ids are still this process's threads (a
+// smaller multi-thread team ends the threads past its size; a larger one starts new ones,
+// which the system places until the caller moves). Most calls cost two sched_getcpu.
+// The setting stays after the call: torch's own regions on this thread gain from it too,
+// until the caller moves onto the workers' CPUs (on 2 CPUs, the one they may use) between
+// calls; the next call places them again. Left alone: a team larger than the CPUs the
+// caller may use, a caller inside a parallel region, a process forked from one that used
+// its team (libgomp's pool does not survive a fork: a region there never returns),
+// another OpenMP runtime than libgomp, and placement the user chose (OMP_PROC_BIND,
+// OMP_PLACES, GOMP_CPU_AFFINITY, KMP_AFFINITY set, or the runtime binding its threads).
 class WorkersApart {
  public:
-  static void apply() {
-    if (!omp_get_max_threads || !GOMP_parallel || !omp_get_thread_num) return;
-    if (omp_get_level && omp_get_level() > 0) return;
-    static const bool user_placed = std::getenv("OMP_PROC_BIND") || std::getenv("OMP_PLACES") ||
-                                    std::getenv("GOMP_CPU_AFFINITY") || std::getenv("KMP_AFFINITY");
-    if (user_placed) return;
+  // Places this thread's team for a call; whether its workers are kept apart.
+  static bool apply() {
+#ifdef __linux__
+    static const bool usable = runtime_allows();
+    if (!usable || forked_ || (omp_get_level && omp_get_level() > 0)) return false;
     thread_local WorkersApart state;
-    state.place(omp_get_max_threads(), sched_getcpu());
+    return state.place(at::get_num_threads(), sched_getcpu());
+#else
+    return false;
+#endif
+  }
+
+  // From the module's loading on, a forked child knows it is one.
+  static void watch_forks() {
+#ifdef __linux__
+    pthread_atfork(nullptr, nullptr, [] { forked_ = true; });
+#endif
   }
 
  private:
-  void place(int team, int cpu) {
-    if (team < 2 || cpu < 0) return;
-    if (team != team_) learn(team);
-    if (!usable_ || cpu == cpu_) return;
-    if (!std::all_of(workers_.begin(), workers_.end(), alive)) learn(team);  // remade
-    if (!usable_) return;
-    cpu_set_t others = allowed_;
-    CPU_CLR(cpu, &others);
-    if (CPU_COUNT(&others) == 0) return;
-    for (pid_t tid : workers_) sched_setaffinity(tid, sizeof others, &others);
-    cpu_ = cpu;
+#ifdef __linux__
+  // libgomp's entry points are there, and nothing in the environment places threads.
+  static bool runtime_allows() {
+    if (!omp_get_max_threads || !GOMP_parallel || !omp_get_thread_num) return false;
+    for (const char* name : {"OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY"}) {
+      if (std::getenv(name)) return false;
+    }
+    if (omp_get_proc_bind && omp_get_proc_bind() != 0) return false;  // omp_proc_bind_false
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(GOMP_parallel), &info) || !info.dli_fname ||
+        !std::strstr(info.dli_fname, "libgomp")) {
+      return false;  // Intel's OpenMP offers GOMP_parallel too, with another thread pool
+    }
+    return true;
   }
 
-  // The team's worker thread ids (positions 1..team-1), and whether they may be placed
-  // (not when the region ran fewer threads than asked: that is not learned again until
-  // the team size changes).
+  bool place(int team, int cpu) {
+    if (team < 2 || cpu < 0) return false;
+    if (team != team_) learn(team);
+    if (!usable_) return false;
+    if (cpu == cpu_) return true;
+    if (!std::all_of(workers_.begin(), workers_.end(), alive)) {
+      learn(team);  // remade: a smaller team ran since
+      if (!usable_) return false;
+    }
+    cpu_set_t others = allowed_;
+    CPU_CLR(cpu, &others);
+    if (CPU_COUNT(&others) == 0) return false;
+    for (pid_t tid : workers_) {
+      if (sched_setaffinity(tid, sizeof others, &others) != 0) {
+        usable_ = false;  // refused: not tried again until the team size changes
+        return false;
+      }
+    }
+    cpu_ = cpu;
+    return true;
+  }
+
+  // The team's worker thread ids (positions 1..team-1), and whether they may be placed:
+  // not when the caller may use fewer CPUs than the team has threads, nor when the region
+  // ran fewer threads than asked (neither is learned again until the team size changes).
   void learn(int team) {
+    team_ = team;
+    cpu_ = -1;
+    usable_ = false;
+    if (sched_getaffinity(0, sizeof allowed_, &allowed_) != 0 || CPU_COUNT(&allowed_) < team) {
+      return;
+    }
     std::vector<pid_t> ids(team, 0);
     GOMP_parallel(
         [](void* data) {
@@ -173,11 +219,7 @@ class WorkersApart {
         },
         ids.data(), static_cast<unsigned>(team), 0);
     workers_.assign(ids.begin() + 1, ids.end());
-    team_ = team;
-    cpu_ = -1;
-    usable_ = sched_getaffinity(0, sizeof allowed_, &allowed_) == 0 &&
-              CPU_COUNT(&allowed_) >= team &&
-              std::find(workers_.begin(), workers_.end(), 0) == workers_.end();
+    usable_ = std::find(workers_.begin(), workers_.end(), 0) == workers_.end();
   }
 
   // Whether `tid` is a thread of this process still (a signal 0 checks, sends nothing).
@@ -185,11 +227,32 @@ class WorkersApart {
     return tid > 0 && syscall(SYS_tgkill, getpid(), tid, 0) == 0;
   }
 
+  static inline std::atomic<bool> forked_{false};
   int team_ = 0;
   int cpu_ = -1;  // the caller's CPU the workers were last kept off
   bool usable_ = false;
   cpu_set_t allowed_{};
-  std::vector<pid_t> workers_;  // never empty once learned: team >= 2
+  std::vector<pid_t> workers_;
+#endif
+};
+
+// For one call: places the team when `on` (at the start, and again at the end if the
+// caller moved meanwhile, so that what runs on this thread next finds them apart), and
+// says in `placed` whether it did.
+class KeptApart {
+ public:
+  KeptApart(bool on, std::atomic<bool>& placed) : on_(on), placed_(placed) {
+    if (on_) placed_ = WorkersApart::apply();
+  }
+  ~KeptApart() {
+    if (on_) WorkersApart::apply();
+  }
+  KeptApart(const KeptApart&) = delete;
+  KeptApart& operator=(const KeptApart&) = delete;
+
+ private:
+  bool on_;
+  std::atomic<bool>& placed_;
 };
 
 // What one group of a stage runs: instructions in order, each with the slots dropped
@@ -364,7 +427,7 @@ class Plan {
     auto stages = active();
     {
       py::gil_scoped_release released;
-      if (workers_apart_) WorkersApart::apply();
+      KeptApart apart(workers_apart_, placed_);
       if (stages) {
         execute_stages(*stages, slots);
       } else {
@@ -383,8 +446,8 @@ class Plan {
     std::vector<double> seconds(instructions_.size());
     {
       py::gil_scoped_release released;
-      if (workers_apart_) WorkersApart::apply();
       TeamSize team(threads);
+      KeptApart apart(workers_apart_, placed_);
       std::vector<void*> pointers;
       for (size_t i = 0; i < instructions_.size(); ++i) {
         auto start = std::chrono::steady_clock::now();
@@ -412,7 +475,7 @@ class Plan {
     std::vector<double> seconds;
     {
       py::gil_scoped_release released;
-      if (workers_apart_) WorkersApart::apply();
+      KeptApart apart(workers_apart_, placed_);
       execute_stages(*stages, slots, &seconds);
     }
     return py::make_tuple(outputs(slots), py::cast(seconds));
@@ -453,6 +516,9 @@ class Plan {
 
   // Whether calls keep the caller's OpenMP workers off its CPU (WorkersApart).
   void set_workers_apart(bool on) { workers_apart_ = on; }
+
+  // Whether the last call's workers were kept off the caller's CPU.
+  bool workers_kept_apart() const { return placed_; }
 
  private:
   py::list outputs(const std::vector<at::Tensor>& slots) const {
@@ -584,6 +650,7 @@ class Plan {
   std::vector<int> outputs_;
   std::vector<std::pair<int, at::Tensor>> constants_;
   std::atomic<bool> workers_apart_{false};
+  std::atomic<bool> placed_{false};  // by the last call
   mutable std::mutex mutex_;  // guards the two below
   std::shared_ptr<const std::vector<Stage>> stages_;  // set by set_stages
   std::shared_ptr<const std::vector<Stage>> active_;  // what calls run: stages_ or none
@@ -765,6 +832,7 @@ class Stamp {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  WorkersApart::watch_forks();
   py::class_<Plan>(m, "Plan")
       .def(py::init<const std::vector<at::Tensor>&>())
       .def("add_op", &Plan::add_op)
@@ -780,6 +848,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("set_stages", &Plan::set_stages)
       .def("use_stages", &Plan::use_stages)
       .def("set_workers_apart", &Plan::set_workers_apart)
+      .def_property_readonly("workers_kept_apart", &Plan::workers_kept_apart)
       .def_property_readonly("staged", &Plan::staged);
   m.def("fork_join_seconds", &fork_join_seconds);
   py::class_<Stamp>(m, "Stamp")
