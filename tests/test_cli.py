@@ -77,6 +77,30 @@ def test_calls_per_run_default_one_on_the_cpu(monkeypatch):
         assert seen[-1] == calls
 
 
+def test_a_pause_before_each_call_reaches_the_bench_and_is_checked(monkeypatch, capsys):
+    from opweave.bench import harness
+
+    seen = []
+
+    def fake_run(config, progress=None):
+        seen.append(config.pause_ms)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(harness, "run", fake_run)
+    for argv, pause in ((["bench", "--models", "gcn"], 0.0),
+                        (["bench", "--models", "gcn", "--pause", "100"], 100.0)):
+        with pytest.raises(SystemExit):
+            main(argv + ["--no-progress"])
+        assert seen[-1] == pause
+    for bad in ("-1", "inf", "nan", "soon"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["bench", "--pause", bad, "--no-progress"])
+        assert exit_.value.code == 2 and "--pause" in capsys.readouterr().err
+    for other in (["--device", "cuda"], ["--overhead"], ["--dynamic"]):
+        assert main(["bench", "--pause", "30", *other, "--no-progress"]) == 2
+        assert "--pause applies to the CPU latency bench" in capsys.readouterr().err
+
+
 def test_the_cli_knows_every_precision_the_compiler_does():
     from opweave.cli import COMPILE_PRECISIONS
     from opweave.options import PRECISIONS

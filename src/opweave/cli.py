@@ -126,6 +126,11 @@ def _bench(args) -> int:
 
     from .bench import harness, report
 
+    if args.pause and (args.device == "cuda" or args.overhead or args.horizontal
+                       or args.schedules or args.memory or args.accuracy or args.dynamic):
+        print("--pause applies to the CPU latency bench (the default one) only",
+              file=sys.stderr)
+        return 2
     if args.device == "cuda":
         return _gpu_bench(args)
     if args.overhead:
@@ -150,6 +155,7 @@ def _bench(args) -> int:
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
                                  calls=1 if args.calls is None else args.calls,
+                                 pause_ms=args.pause,
                                  threads=args.threads, small=args.small,
                                  log_dir=str(Path(args.out) / "logs"))
     total = len(config.models) * harness.steps_per_model(config)
@@ -477,6 +483,17 @@ def _add_fuzz_parser(sub) -> None:
     p.set_defaults(func=_fuzz)
 
 
+def _milliseconds(text: str) -> float:
+    """An argparse type: a finite number of milliseconds, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be 0 or more milliseconds, got {text}")
+    return value
+
+
 def _at_least_one(text: str) -> int:
     """An argparse type: a whole number of at least 1."""
     try:
@@ -553,6 +570,10 @@ def _add_bench_parser(sub, models) -> None:
                         "the other backends ran; N, N calls back to back, the sample their "
                         "mean without the first (docs/architecture.md); --device cuda: the "
                         "sample is the mean of N calls (default 20)")
+    p.add_argument("--pause", type=_milliseconds, default=0.0, metavar="MS",
+                   help="the latency bench: sleep MS milliseconds before each timed call, "
+                        "so that each meets idle threads and vCPUs as a model served now "
+                        "and then does (default 0; docs/runtime.md)")
     p.add_argument("--seqs", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256, 384, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],

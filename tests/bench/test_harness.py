@@ -3,6 +3,7 @@ reports. No model runs here; `test_workers.py` runs real ones."""
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -99,7 +100,7 @@ def test_calls_in_a_row_are_timed_without_the_first(fake):
                          worker_factory=fake)
     timed = [args for b, c, *args in fake.log if c == "run"]
     assert timed[:2] == [[1], [1]]  # the warm-up: one call each
-    assert all(args == [4] for args in timed[2:]) and len(timed[2:]) == 8
+    assert all(args == [4, 0.0] for args in timed[2:]) and len(timed[2:]) == 8
     entries = result.models[0].backends
     assert entries["opweave"].samples == pytest.approx([0.006] * 4)
     assert entries["opweave"].first_calls == pytest.approx([0.03] * 4)
@@ -129,6 +130,45 @@ def test_one_call_per_run_keeps_the_pause(fake):
     entry = result.models[0].backends["opweave"]
     assert entry.samples == pytest.approx([0.03] * 4) and entry.first_calls == []
     assert "so each pays the slow first work of idle vCPUs" in report.terminal(result)
+
+
+def test_a_pause_goes_before_every_timed_call_and_into_the_budget_and_report(fake):
+    fake.behaviour = {"eager": dict(seconds=0.01), "opweave": dict(seconds=0.01)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"], pause_ms=20.0, runs=4,
+                                 seconds_per_backend=0.13), worker_factory=fake)
+    timed = [args for b, c, *args in fake.log if c == "run"]
+    assert timed[:2] == [[1], [1]]  # the warm-up: one call each, no pause
+    assert all(args == [1, 0.02] for args in timed[2:])
+    assert result.models[0].backends["opweave"].summary.count == 4
+    assert report.to_json(result)["config"]["pause_ms"] == 20.0
+    text = report.terminal(result)
+    assert "each call after a 20 ms pause of its process" in text
+    assert "and each call after a further 20 ms pause" in text
+    # a run costs its call and its pause: 0.04 s, so 0.13 s holds 3 runs (13 calls alone)
+    slow = harness.run(_config(models=["m1"], backends=["opweave"], pause_ms=30.0, runs=4,
+                               seconds_per_backend=0.13), worker_factory=fake)
+    assert "3 runs (slow)" in slow.models[0].backends["opweave"].note
+
+
+def test_a_negative_pause_is_refused():
+    with pytest.raises(ValueError, match="0 ms or more"):
+        _config(pause_ms=-1.0)
+    with pytest.raises(ValueError, match="0 ms or more"):
+        _config(pause_ms=float("nan"))
+
+
+def test_the_worker_sleeps_the_pause_before_each_call():
+    from types import SimpleNamespace
+
+    from opweave.bench import worker
+
+    starts = []
+    session = worker._Session.__new__(worker._Session)
+    session.prepared = SimpleNamespace(step=lambda: starts.append(time.perf_counter()))
+    before = time.perf_counter()
+    assert len(session.run(3, 0.02)) == 3
+    gaps = np.diff([before, *starts])
+    assert (gaps >= 0.02).all(), gaps  # a sleep lasts at least what it was asked for
 
 
 def test_eager_is_always_the_reference_even_when_not_asked(fake):

@@ -2,7 +2,8 @@
 
 Per model: each backend's worker is prepared in turn (so compile times are not contended),
 all are warmed up, then timed in rounds whose orders form a Williams square, one run of
-each backend at a time (one call, or with `calls` N calls in a row); then each reports its
+each backend at a time (one call, or with `calls` N calls in a row, each after `pause_ms`
+idle if set); then each reports its
 peak memory during one more call. Eager is always measured: it is the reference for
 accuracy and the baseline of the ratios.
 """
@@ -55,6 +56,9 @@ class BenchConfig:
     # model called now and then meets); N > 1, N calls in a row, the sample their mean
     # without the first, which pays for the pause (what a model called back to back meets)
     calls: int = 1
+    # milliseconds the worker sleeps before each timed call: its threads and vCPUs idle
+    # that long first, as a model served now and then meets (docs/runtime.md)
+    pause_ms: float = 0.0
     threads: int = os.cpu_count() or 1
     small: bool = False
     setup_timeout_s: float = 1800.0
@@ -64,6 +68,9 @@ class BenchConfig:
     def __post_init__(self):
         if self.calls < 1:
             raise ValueError(f"calls per run must be at least 1, got {self.calls}")
+        if not self.pause_ms >= 0:
+            raise ValueError(f"the pause before each call must be 0 ms or more, got "
+                             f"{self.pause_ms}")
 
     def log_path(self, model: str, backend: str | None) -> str | None:
         if self.log_dir is None:
@@ -303,8 +310,8 @@ def _measure(config, name, result, workers, progress) -> None:
             spent += samples[0]
         if calls:
             per_call[backend] = min(calls)
-    plan = {b: runs_within_budget(per_call[b] * config.calls, config.runs,
-                                  config.seconds_per_backend)
+    plan = {b: runs_within_budget((per_call[b] + config.pause_ms / 1e3) * config.calls,
+                                  config.runs, config.seconds_per_backend)
             for b in ready() if b in per_call}
     for backend, count in plan.items():
         if count < config.runs:
@@ -315,7 +322,7 @@ def _measure(config, name, result, workers, progress) -> None:
     for order in round_robin(plan):
         for backend in order:
             if backend in workers:
-                samples = call(backend, "run", config.calls)
+                samples = call(backend, "run", config.calls, config.pause_ms / 1e3)
                 if samples:
                     entry = result.backends[backend]
                     entry.samples.append(sample_of(samples))

@@ -118,8 +118,10 @@ def _preamble(result: BenchResult) -> list[str]:
     precision = ", ".join(["fp32"] + [f"{p} where a backend is named *-{p}" for p in lows])
     return [f"{what}, batch {c.batch}, {precision}, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up"
-            + (f"; each run {c.calls} calls back to back, its sample the mean of all but the "
-               f"first" if c.calls > 1 else ""),
+            + (f"; each run {c.calls} calls " + ("back to back" if not c.pause_ms else "")
+               + ", its sample the mean of all but the first" if c.calls > 1 else "")
+            + (f"; each call after a {c.pause_ms:g} ms pause of its process" if c.pause_ms
+               else ""),
             cpu.line(m.get("cpu_info") or {}),
             f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]
@@ -131,7 +133,11 @@ def _footnotes(result: BenchResult) -> list[str]:
              f"(left out of the geometric mean).",
              "Runs in Williams-square order; each run starts once the backend before it has "
              "let its threads go idle, "
-             + ("so each pays the slow first work of idle vCPUs (about 0.2 ms on the KVM "
+             + (f"and each call after a further {result.config.pause_ms:g} ms pause, so each "
+                "pays what a model served now and then pays: idle vCPUs' slow first work and "
+                "its runtime's sleeping threads (docs/runtime.md)."
+                if result.config.pause_ms else
+                "so each pays the slow first work of idle vCPUs (about 0.2 ms on the KVM "
                 "machines: docs/runtime.md; --calls N times calls made back to back)."
                 if result.config.calls == 1 else
                 "and its first call, which pays the slow first work of idle vCPUs "

@@ -237,12 +237,14 @@ class _Session:
         return dict(setup_s=p.setup_s, outputs=p.first_outputs, note=p.note,
                     torch_memory=p.torch_memory)
 
-    def run(self, count: int = 1) -> list[float]:
-        """Seconds of each of `count` calls of the prepared step. Returns once this
-        process has gone quiet, so that no thread of it still spins while the parent
-        times the next backend."""
+    def run(self, count: int = 1, pause_s: float = 0.0) -> list[float]:
+        """Seconds of each of `count` calls of the prepared step, each after sleeping
+        `pause_s`. Returns once this process has gone quiet, so that no thread of it still
+        spins while the parent times the next backend."""
         step, samples = self.prepared.step, []
         for _ in range(count):
+            if pause_s > 0:
+                time.sleep(pause_s)
             start = time.perf_counter()
             step()
             samples.append(time.perf_counter() - start)
