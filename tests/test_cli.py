@@ -98,7 +98,7 @@ def test_a_pause_before_each_call_reaches_the_bench_and_is_checked(monkeypatch, 
         assert exit_.value.code == 2 and "--pause" in capsys.readouterr().err
     for other in (["--device", "cuda"], ["--overhead"], ["--dynamic"]):
         assert main(["bench", "--pause", "30", *other, "--no-progress"]) == 2
-        assert "--pause applies to the CPU latency bench" in capsys.readouterr().err
+        assert "--pause applies to the CPU bench of latencies" in capsys.readouterr().err
 
 
 def test_the_cli_knows_every_precision_the_compiler_does():

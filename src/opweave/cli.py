@@ -128,8 +128,9 @@ def _bench(args) -> int:
 
     if args.pause and (args.device == "cuda" or args.overhead or args.horizontal
                        or args.schedules or args.memory or args.accuracy or args.dynamic):
-        print("--pause applies to the CPU latency bench (the default one) only",
-              file=sys.stderr)
+        print("--pause applies to the CPU bench of latencies or training steps only (not "
+              "to --device cuda, --overhead, --horizontal, --schedules, --memory, --accuracy "
+              "or --dynamic)", file=sys.stderr)
         return 2
     if args.device == "cuda":
         return _gpu_bench(args)

@@ -151,10 +151,17 @@ def test_a_pause_goes_before_every_timed_call_and_into_the_budget_and_report(fak
 
 
 def test_a_negative_pause_is_refused():
-    with pytest.raises(ValueError, match="0 ms or more"):
-        _config(pause_ms=-1.0)
-    with pytest.raises(ValueError, match="0 ms or more"):
-        _config(pause_ms=float("nan"))
+    for bad in (-1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="0 ms or more"):
+            _config(pause_ms=bad)
+
+
+def test_several_calls_after_a_pause_each_are_said_so(fake):
+    fake.behaviour = {"opweave": dict(seconds=0.01)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"], calls=3, pause_ms=5.0),
+                         worker_factory=fake)
+    assert ("; each run 3 calls, its sample the mean of all but the first; each call after "
+            "a 5 ms pause of its process") in report.terminal(result)
 
 
 def test_the_worker_sleeps_the_pause_before_each_call():

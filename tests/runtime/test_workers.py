@@ -73,6 +73,11 @@ PLACEMENT = textwrap.dedent("""
             executor(x)
             report["moves"].append([cpu, narrowed()])
         os.sched_setaffinity(0, allowed)
+        torch.set_num_threads(len(allowed) + 1)  # more threads than CPUs: left alone
+        executor(x)
+        report["oversubscribed said"] = executor.native.plan.workers_kept_apart
+        torch.set_num_threads(2)
+        executor(x)
         child = os.fork()
         if child == 0:  # the parent's team is gone here: a region would never return
             kept = []
@@ -99,7 +104,7 @@ PLACEMENT = textwrap.dedent("""
 def _placement(*modes: str, **env: str) -> dict:
     clean = {k: v for k, v in os.environ.items() if k not in PLACING_VARIABLES}
     out = subprocess.run([sys.executable, "-c", PLACEMENT, *modes], capture_output=True,
-                         text=True, env={**clean, **env}, check=True, timeout=300)
+                         text=True, env={**clean, **env}, check=True, timeout=900)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -113,6 +118,7 @@ def test_apart_keeps_the_worker_off_the_callers_cpu_wherever_it_moves():
     assert set(cpus) < allowed and len(cpus) == len(allowed) - 1
     for cpu, narrowed in report["moves"]:
         assert list(narrowed.values()) == [sorted(allowed - {cpu})], (cpu, narrowed)
+    assert report["oversubscribed said"] is False
     assert report["child"] == "returned"  # its calls returned, placing nothing
 
 
@@ -136,11 +142,20 @@ def test_explain_says_whether_the_last_call_kept_workers_apart(mode):
         torch.set_num_threads(threads)
     assert executor.native.plan is not None, executor.native.describe()
     placeable = sys.platform.startswith("linux") and len(os.sched_getaffinity(0)) >= 2 \
-        and not any(v in os.environ for v in PLACING_VARIABLES)
+        and not any(v in os.environ for v in PLACING_VARIABLES) and _libgomp_loaded()
     said = "OpenMP workers kept off the caller's CPU" in executor.native.describe()
     assert said == (mode == "apart" and placeable)
     for a, b in zip(replayed, executor._run([x])):
         assert torch.equal(a, b)
+
+
+def _libgomp_loaded() -> bool:
+    """Whether torch's OpenMP runtime here is GNU's (the one workers are placed under)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return "libgomp" in maps.read()
+    except OSError:
+        return False
 
 
 def test_the_workers_option_is_checked_and_read_from_the_environment():

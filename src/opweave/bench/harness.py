@@ -9,6 +9,7 @@ accuracy and the baseline of the ratios.
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -68,8 +69,8 @@ class BenchConfig:
     def __post_init__(self):
         if self.calls < 1:
             raise ValueError(f"calls per run must be at least 1, got {self.calls}")
-        if not self.pause_ms >= 0:
-            raise ValueError(f"the pause before each call must be 0 ms or more, got "
+        if not (math.isfinite(self.pause_ms) and self.pause_ms >= 0):
+            raise ValueError(f"the pause before each call must be a finite 0 ms or more, got "
                              f"{self.pause_ms}")
 
     def log_path(self, model: str, backend: str | None) -> str | None:

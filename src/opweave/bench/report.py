@@ -118,7 +118,7 @@ def _preamble(result: BenchResult) -> list[str]:
     precision = ", ".join(["fp32"] + [f"{p} where a backend is named *-{p}" for p in lows])
     return [f"{what}, batch {c.batch}, {precision}, {c.threads} threads on {m['cpu']} "
             f"({m['cpus']} cpus); median of {c.runs} interleaved runs after {c.warmup} warm-up"
-            + (f"; each run {c.calls} calls " + ("back to back" if not c.pause_ms else "")
+            + (f"; each run {c.calls} calls" + ("" if c.pause_ms else " back to back")
                + ", its sample the mean of all but the first" if c.calls > 1 else "")
             + (f"; each call after a {c.pause_ms:g} ms pause of its process" if c.pause_ms
                else ""),

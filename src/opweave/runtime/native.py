@@ -76,6 +76,17 @@ class NotReplayable(Exception):
 _module = None
 _problem: str | None = None
 _spawned = False
+# this process was forked from one that had imported this module: a module loaded only
+# now is told (native_plan.cpp's WorkersApart; one loaded before the fork saw it itself)
+_forked = False
+
+
+def _note_fork_in_child() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_note_fork_in_child)
 _lock = threading.Lock()
 _recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
 
@@ -193,6 +204,8 @@ def module(wait: bool):
         if _module is None and _problem is None:
             try:
                 _module = _load(wait)
+                if _module is not None and _forked:
+                    _module.note_forked()  # loaded after a fork: its own watch came too late
             except (build.BuildError, OSError, ImportError) as err:
                 _problem = str(err)
                 warnings.warn(f"opweave: the native runtime is unavailable, so compiled graphs "

@@ -133,13 +133,15 @@ void run_together(const std::vector<std::function<void()>>& tasks) {
 // a team's threads by position across regions), and their affinity (every CPU the caller
 // may use but its own) is set again only when the caller is found on another CPU at a
 // call's start or end, after checking that the ids are still this process's threads (a
-// smaller multi-thread team ends the threads past its size; a larger one starts new ones,
-// which the system places until the caller moves). Most calls cost two sched_getcpu.
-// The setting stays after the call: torch's own regions on this thread gain from it too,
-// until the caller moves onto the workers' CPUs (on 2 CPUs, the one they may use) between
-// calls; the next call places them again. Left alone: a team larger than the CPUs the
-// caller may use, a caller inside a parallel region, a process forked from one that used
-// its team (libgomp's pool does not survive a fork: a region there never returns),
+// smaller multi-thread team ends the threads past its size and a larger one starts new
+// ones: a team of more than two has its last worker checked on every call). Most calls
+// cost two sched_getcpu. The CPUs are those the caller could use when the team was
+// learned. The setting stays after the call: torch's own regions on this thread gain from
+// it too, until the caller moves onto the workers' CPUs (on 2 CPUs, the one they may use)
+// between calls; the next call places them again. Left alone: a team of more than
+// kLargestTeam threads or more than the CPUs the caller may use, a caller inside a
+// parallel region, any forked process (libgomp's pool does not survive a fork if the
+// parent used it: a region there never returns, and whether it did cannot be told),
 // another OpenMP runtime than libgomp, and placement the user chose (OMP_PROC_BIND,
 // OMP_PLACES, GOMP_CPU_AFFINITY, KMP_AFFINITY set, or the runtime binding its threads).
 class WorkersApart {
@@ -156,10 +158,16 @@ class WorkersApart {
 #endif
   }
 
-  // From the module's loading on, a forked child knows it is one.
+  // From the module's loading on, a forked child knows it is one; `forked()` says so for a
+  // process that was forked before the module was loaded (runtime/native.py knows).
   static void watch_forks() {
 #ifdef __linux__
     pthread_atfork(nullptr, nullptr, [] { forked_ = true; });
+#endif
+  }
+  static void forked() {
+#ifdef __linux__
+    forked_ = true;
 #endif
   }
 
@@ -181,12 +189,13 @@ class WorkersApart {
   }
 
   bool place(int team, int cpu) {
-    if (team < 2 || cpu < 0) return false;
+    if (team < 2 || team > kLargestTeam || cpu < 0) return false;
     if (team != team_) learn(team);
     if (!usable_) return false;
-    if (cpu == cpu_) return true;
+    // a team of two never loses its worker; a larger one may have been remade since
+    if (cpu == cpu_ && (team == 2 || alive(workers_.back()))) return true;
     if (!std::all_of(workers_.begin(), workers_.end(), alive)) {
-      learn(team);  // remade: a smaller team ran since
+      learn(team);  // remade: a smaller multi-thread team ran since
       if (!usable_) return false;
     }
     cpu_set_t others = allowed_;
@@ -194,10 +203,18 @@ class WorkersApart {
     if (CPU_COUNT(&others) == 0) return false;
     for (pid_t tid : workers_) {
       if (sched_setaffinity(tid, sizeof others, &others) != 0) {
-        usable_ = false;  // refused: not tried again until the team size changes
+        // a thread ended, or the CPUs the process may use changed: learn again at the
+        // next call, three times at most before leaving the team alone for its size
+        cpu_ = -1;
+        if (++failures_ < 3) {
+          team_ = 0;
+        } else {
+          usable_ = false;
+        }
         return false;
       }
     }
+    failures_ = 0;
     cpu_ = cpu;
     return true;
   }
@@ -209,6 +226,7 @@ class WorkersApart {
     team_ = team;
     cpu_ = -1;
     usable_ = false;
+    workers_.clear();
     if (sched_getaffinity(0, sizeof allowed_, &allowed_) != 0 || CPU_COUNT(&allowed_) < team) {
       return;
     }
@@ -227,7 +245,11 @@ class WorkersApart {
     return tid > 0 && syscall(SYS_tgkill, getpid(), tid, 0) == 0;
   }
 
+  // Each move of the caller costs a system call per worker (2 us each, the Zen 4): left
+  // alone above this, where a worker also has more CPUs to be woken on.
+  static constexpr int kLargestTeam = 8;
   static inline std::atomic<bool> forked_{false};
+  int failures_ = 0;
   int team_ = 0;
   int cpu_ = -1;  // the caller's CPU the workers were last kept off
   bool usable_ = false;
@@ -446,6 +468,7 @@ class Plan {
     std::vector<double> seconds(instructions_.size());
     {
       py::gil_scoped_release released;
+      (void)at::get_num_threads();  // torch's per-thread setting made first, not after TeamSize
       TeamSize team(threads);
       KeptApart apart(workers_apart_, placed_);
       std::vector<void*> pointers;
@@ -851,6 +874,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("workers_kept_apart", &Plan::workers_kept_apart)
       .def_property_readonly("staged", &Plan::staged);
   m.def("fork_join_seconds", &fork_join_seconds);
+  m.def("note_forked", &WorkersApart::forked);
   py::class_<Stamp>(m, "Stamp")
       .def(py::init<const std::vector<at::Tensor>&>())
       .def("matches", &Stamp::matches)
