@@ -60,38 +60,30 @@ def test_calls_per_run_below_one_is_refused_on_every_device(capsys, device):
     assert "--calls: must be at least 1, got 0" in capsys.readouterr().err
 
 
-def test_calls_per_run_default_one_on_the_cpu(monkeypatch):
+def _bench_config(monkeypatch, argv):
+    """The BenchConfig `opweave bench` builds from `argv` (nothing runs)."""
     from opweave.bench import harness
 
     seen = []
 
     def fake_run(config, progress=None):
-        seen.append(config.calls)
+        seen.append(config)
         raise SystemExit(0)
 
     monkeypatch.setattr(harness, "run", fake_run)
-    for argv, calls in ((["bench", "--models", "gcn"], 1),
-                        (["bench", "--models", "gcn", "--calls", "5"], 5)):
-        with pytest.raises(SystemExit):
-            main(argv + ["--no-progress"])
-        assert seen[-1] == calls
+    with pytest.raises(SystemExit):
+        main(["bench", "--models", "gcn", *argv, "--no-progress"])
+    return seen[-1]
+
+
+def test_calls_per_run_default_one_on_the_cpu(monkeypatch):
+    assert _bench_config(monkeypatch, []).calls == 1
+    assert _bench_config(monkeypatch, ["--calls", "5"]).calls == 5
 
 
 def test_a_pause_before_each_call_reaches_the_bench_and_is_checked(monkeypatch, capsys):
-    from opweave.bench import harness
-
-    seen = []
-
-    def fake_run(config, progress=None):
-        seen.append(config.pause_ms)
-        raise SystemExit(0)
-
-    monkeypatch.setattr(harness, "run", fake_run)
-    for argv, pause in ((["bench", "--models", "gcn"], 0.0),
-                        (["bench", "--models", "gcn", "--pause", "100"], 100.0)):
-        with pytest.raises(SystemExit):
-            main(argv + ["--no-progress"])
-        assert seen[-1] == pause
+    assert _bench_config(monkeypatch, []).pause_ms == 0.0
+    assert _bench_config(monkeypatch, ["--pause", "100"]).pause_ms == 100.0
     for bad in ("-1", "inf", "nan", "soon"):
         with pytest.raises(SystemExit) as exit_:
             main(["bench", "--pause", bad, "--no-progress"])
