@@ -3,9 +3,8 @@
 Per model: each backend's worker is prepared in turn (so compile times are not contended),
 all are warmed up, then timed in rounds whose orders form a Williams square, one run of
 each backend at a time (one call, or with `calls` N calls in a row, each after `pause_ms`
-idle if set); then each reports its
-peak memory during one more call. Eager is always measured: it is the reference for
-accuracy and the baseline of the ratios.
+idle if set); then each reports its peak memory during one more call. Eager is always
+measured: it is the reference for accuracy and the baseline of the ratios.
 """
 from __future__ import annotations
 

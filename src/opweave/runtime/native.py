@@ -76,6 +76,8 @@ class NotReplayable(Exception):
 _module = None
 _problem: str | None = None
 _spawned = False
+_lock = threading.Lock()
+_recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
 # this process was forked from one that had imported this module: a module loaded only
 # now is told (native_plan.cpp's WorkersApart; one loaded before the fork saw it itself)
 _forked = False
@@ -87,8 +89,6 @@ def _note_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_note_fork_in_child)
-_lock = threading.Lock()
-_recording = threading.Lock()  # one recording at a time: CppKernel.recording is global
 
 
 def _torch_dirs() -> tuple[list[Path], Path]:
