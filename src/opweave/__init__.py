@@ -14,6 +14,10 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from . import openmp_waits as _openmp_waits
+
+_openmp_waits.before_torch()  # before anything imports torch: libgomp reads its settings then
+
 
 def compile(model, example_inputs, *, name=None, rewrite=None, fusion=None, train=False,
             loss_every=1, example_kwargs=None, options=None, memory_budget=None,

@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import cost, tune
+from . import cost, openmp_waits, tune
 from .tune import configs, roofline
 from .files import atomic_write
 from .ir import Graph, verify
@@ -152,6 +152,8 @@ class PassRun:
         # before anything is measured, so measurements see memory as the calls will
         kept = "; freed memory kept for the next call" \
             if not on_gpu and allocator.apply(self.options.allocator) else ""
+        if not on_gpu and openmp_waits.applied():
+            kept += "; OpenMP waits of a second calling thread spin (set at import)"
         quantized = precision.startswith("int8")
         if quantized and on_gpu:
             raise ValueError(f"precision={precision!r} runs on the CPU (oneDNN's int8 "

@@ -1,0 +1,78 @@
+"""Let a second thread's OpenMP workers spin through the gaps between its regions.
+
+libgomp gives every thread that starts a parallel region a team of its own, and keeps
+each team's workers after the region. Once the process has more of them than CPUs (a
+model compiled on the main thread and called from a server's thread: two teams, four
+threads on a 2-CPU machine), libgomp lets a waiting thread spin only 100 rounds before it
+sleeps (its throttled spin count, where it is otherwise 300,000), so each region of a
+model called from the second thread waits for a worker's wake: on the 2-vCPU VMs measured,
+XML-CNN's bf16 call took 1.0-1.15 ms from a second thread against 0.48-0.50 from the
+main one, ResNet-50's 21.8 against 19.9 ms, eager torch's 64K-float add 55-72 us against
+7-10. With `OMP_WAIT_POLICY=active` and `GOMP_SPINCOUNT=300000` libgomp spins 1,000
+rounds then and its usual 300,000 otherwise, so nothing changes for a single calling
+thread and the second thread's calls ran as fast as the main thread's (docs/runtime.md).
+
+libgomp reads its environment once, when it is loaded, which is when torch is imported.
+So `import opweave` sets the two variables only where it comes first: torch is not yet
+imported, torch's own wheel carries the libgomp it loads (a torch built with another
+OpenMP runtime reads `OMP_WAIT_POLICY=active` as "never sleep"), Linux, and the user set
+neither variable. It then imports torch and puts the environment back as it was, so no
+child process inherits the setting. `OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it
+is. An environment variable, not an `Options` field: the choice is made before any
+compile, once per process. Where torch was imported first, setting the two variables
+before the process starts does the same.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+
+MODES = ("spin", "system")
+ENV = "OPWEAVE_OPENMP_WAITS"
+# libgomp's own spin count where OMP_WAIT_POLICY is unset: set with "active" so that only
+# the throttled count changes (100 to 1,000 rounds)
+SETTINGS = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "300000"}
+
+_applied = False
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"{ENV} must be one of {', '.join(MODES)}; got {mode!r}")
+    return mode
+
+
+def applied() -> bool:
+    """Whether this process's libgomp was loaded with the settings above."""
+    return _applied
+
+
+def _torch_bundles_libgomp() -> bool:
+    """Whether the torch to be imported carries its own libgomp (a pip wheel), found
+    without importing it."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    package = spec.submodule_search_locations[0]
+    return any(glob.glob(os.path.join(where, "libgomp*.so*"))
+               for where in (os.path.join(package, "lib"), package + ".libs"))
+
+
+def before_torch() -> bool:
+    """Load torch under the settings where the conditions above hold; whether it did."""
+    global _applied
+    mode = check_mode(os.environ.get(ENV, "spin"))
+    if (mode != "spin" or "torch" in sys.modules or not sys.platform.startswith("linux")
+            or any(name in os.environ for name in SETTINGS)
+            or not _torch_bundles_libgomp()):
+        return False
+    os.environ.update(SETTINGS)
+    try:
+        import torch  # noqa: F401  (loads libgomp, which reads the settings)
+    finally:
+        for name in SETTINGS:
+            os.environ.pop(name, None)
+    _applied = True
+    return True
