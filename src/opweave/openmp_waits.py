@@ -16,15 +16,17 @@ libgomp reads its environment once, when it is loaded, which is when torch is im
 So `import opweave` sets the two variables only where it comes first: torch is not yet
 imported, torch's own wheel carries the libgomp it loads (a torch built with another
 OpenMP runtime reads `OMP_WAIT_POLICY=active` as "never sleep"), Linux, and the user set
-neither variable. It then imports torch and puts the environment back as it was, so no
-child process inherits the setting. `OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it
-is. An environment variable, not an `Options` field: the choice is made before any
-compile, once per process. Where torch was imported first, setting the two variables
-before the process starts does the same.
+neither variable. Once torch has been imported, whenever that is (the program may still
+set OMP_NUM_THREADS or the like between the two imports, as the bench's workers do), the
+environment is put back as it was, so no child process inherits the setting.
+`OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it is. An environment variable, not an
+`Options` field: the choice is made before any compile, once per process. Where torch was
+imported first, setting the two variables before the process starts does the same.
 """
 from __future__ import annotations
 
 import glob
+import importlib.abc
 import importlib.util
 import os
 import sys
@@ -61,18 +63,45 @@ def _torch_bundles_libgomp() -> bool:
 
 
 def before_torch() -> bool:
-    """Load torch under the settings where the conditions above hold; whether it did."""
-    global _applied
+    """Set the variables for torch's import where the conditions above hold; whether it
+    did."""
     mode = check_mode(os.environ.get(ENV, "spin"))
     if (mode != "spin" or "torch" in sys.modules or not sys.platform.startswith("linux")
             or any(name in os.environ for name in SETTINGS)
             or not _torch_bundles_libgomp()):
         return False
     os.environ.update(SETTINGS)
-    try:
-        import torch  # noqa: F401  (loads libgomp, which reads the settings)
-    finally:
-        for name in SETTINGS:
-            os.environ.pop(name, None)
-    _applied = True
+    sys.meta_path.insert(0, _RestoreAfterTorch())
     return True
+
+
+def _restore() -> None:
+    for name, value in SETTINGS.items():
+        if os.environ.get(name) == value:  # not a value the program set since
+            del os.environ[name]
+
+
+class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing of its own: hands torch's import to the other finders and puts the
+    environment back once torch, and libgomp with it, has loaded (or failed to)."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            _restore()
+            return None
+        load = spec.loader.exec_module
+
+        def exec_module(module):
+            global _applied
+            _applied = all(os.environ.get(k) == v for k, v in SETTINGS.items())
+            try:
+                load(module)
+            finally:
+                _restore()
+
+        spec.loader.exec_module = exec_module
+        return spec
