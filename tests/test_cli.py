@@ -93,6 +93,16 @@ def test_a_pause_before_each_call_reaches_the_bench_and_is_checked(monkeypatch, 
         assert "--pause applies to the CPU bench of latencies" in capsys.readouterr().err
 
 
+def test_the_caller_reaches_the_bench_and_is_checked(monkeypatch, capsys):
+    assert _bench_config(monkeypatch, []).caller == "main"
+    assert _bench_config(monkeypatch, ["--caller", "thread"]).caller == "thread"
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--caller", "server", "--no-progress"])
+    assert exit_.value.code == 2 and "--caller" in capsys.readouterr().err
+    assert main(["bench", "--caller", "thread", "--overhead", "--no-progress"]) == 2
+    assert "--caller applies to the CPU bench of latencies" in capsys.readouterr().err
+
+
 def test_the_cli_knows_every_precision_the_compiler_does():
     from opweave.cli import COMPILE_PRECISIONS
     from opweave.options import PRECISIONS

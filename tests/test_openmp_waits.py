@@ -1,17 +1,24 @@
 """`import opweave` before torch loads libgomp with OMP_WAIT_POLICY=active and
 GOMP_SPINCOUNT=300000 (openmp_waits.py), leaves no trace in the environment, and leaves
 libgomp alone where torch came first, the user chose, or OPWEAVE_OPENMP_WAITS=system.
-libgomp's own account of what it read (OMP_DISPLAY_ENV) is the evidence."""
+libgomp's own account of what it read (OMP_DISPLAY_ENV) is the evidence. Where torch came
+first, a compiled call from a second thread says once what to set."""
 from __future__ import annotations
 
 import json
 import os
 import subprocess
 import sys
+import threading
+import warnings
 
 import pytest
+import torch
 
-from opweave import openmp_waits
+from opweave import notices, openmp_waits
+from opweave.pipeline import compile_graph
+
+from .runtime.test_native import OPTIONS, _fused_graph, _warm
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not openmp_waits._torch_bundles_libgomp(),
@@ -84,3 +91,49 @@ def test_explain_says_so_where_it_was_set():
     assert _run("import opweave, torch", then=EXPLAINED)[0]["applied"]
     with pytest.raises(AssertionError, match="AssertionError"):
         _run("import torch, opweave", then=EXPLAINED)
+
+
+def _second_thread_warnings(monkeypatch, threads: int, **environment) -> list[str]:
+    """The performance warnings a plan's calls give, from the main thread and then from a
+    second one, with torch on `threads` threads and libgomp as torch loaded it."""
+    monkeypatch.setattr(openmp_waits, "watching", True)
+    monkeypatch.setattr(notices, "_WARNED", set())
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", openmp_waits.ENV):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    executor = compile_graph(_fused_graph(), OPTIONS).executor
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            _warm(executor, lambda: [torch.randn(8, 16)], calls=4)
+            assert executor.native.plan is not None and openmp_waits.watching
+            for _ in range(2):
+                caller = threading.Thread(target=executor, args=(torch.randn(8, 16),))
+                caller.start()
+                caller.join()
+    finally:
+        torch.set_num_threads(before)
+    assert not openmp_waits.watching  # checked once, whatever it found
+    return [str(w.message) for w in seen
+            if issubclass(w.category, notices.OpweavePerformanceWarning)]
+
+
+two_cpus = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="two CPUs or more")
+
+
+@two_cpus
+def test_a_second_threads_call_says_once_what_to_set(monkeypatch):
+    (said,) = _second_thread_warnings(monkeypatch, len(os.sched_getaffinity(0)))
+    assert "OMP_WAIT_POLICY=active GOMP_SPINCOUNT=300000" in said
+    assert "import opweave before torch" in said and "OPWEAVE_OPENMP_WAITS=system" in said
+
+
+@two_cpus
+def test_nothing_is_said_where_two_teams_fit_or_the_user_chose(monkeypatch):
+    assert _second_thread_warnings(monkeypatch, 1) == []
+    cpus = len(os.sched_getaffinity(0))
+    assert _second_thread_warnings(monkeypatch, cpus, OPWEAVE_OPENMP_WAITS="system") == []
+    assert _second_thread_warnings(monkeypatch, cpus, GOMP_SPINCOUNT="10000") == []

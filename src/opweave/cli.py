@@ -126,12 +126,13 @@ def _bench(args) -> int:
 
     from .bench import harness, report
 
-    if args.pause and (args.device == "cuda" or args.overhead or args.horizontal
-                       or args.schedules or args.memory or args.accuracy or args.dynamic):
-        print("--pause applies to the CPU bench of latencies or training steps only (not "
-              "to --device cuda, --overhead, --horizontal, --schedules, --memory, --accuracy "
-              "or --dynamic)", file=sys.stderr)
-        return 2
+    for given, flag in ((args.pause, "--pause"), (args.caller != "main", "--caller")):
+        if given and (args.device == "cuda" or args.overhead or args.horizontal
+                      or args.schedules or args.memory or args.accuracy or args.dynamic):
+            print(f"{flag} applies to the CPU bench of latencies or training steps only (not "
+                  "to --device cuda, --overhead, --horizontal, --schedules, --memory, "
+                  "--accuracy or --dynamic)", file=sys.stderr)
+            return 2
     if args.device == "cuda":
         return _gpu_bench(args)
     if args.overhead:
@@ -156,7 +157,7 @@ def _bench(args) -> int:
     config = harness.BenchConfig(models=bench_models(args), backends=backends, mode=args.mode,
                                  batch=args.batch, runs=args.runs, warmup=args.warmup,
                                  calls=1 if args.calls is None else args.calls,
-                                 pause_ms=args.pause,
+                                 pause_ms=args.pause, caller=args.caller,
                                  threads=args.threads, small=args.small,
                                  log_dir=str(Path(args.out) / "logs"))
     total = len(config.models) * harness.steps_per_model(config)
@@ -575,6 +576,10 @@ def _add_bench_parser(sub, models) -> None:
                    help="the latency bench: sleep MS milliseconds before each timed call, "
                         "so that each meets idle threads and vCPUs as a model served now "
                         "and then does (default 0; docs/runtime.md)")
+    p.add_argument("--caller", choices=("main", "thread"), default="main",
+                   help="the latency bench: which thread makes the timed calls: main "
+                        "(default), the one that built and compiled the model; thread, one "
+                        "other thread, as a server's handler (docs/runtime.md)")
     p.add_argument("--seqs", nargs="+", type=int, default=[8, 16, 32, 64, 128, 256, 384, 512])
     p.add_argument("--batches", nargs="+", type=int, default=[1, 2, 4, 8])
     p.add_argument("--fractions", nargs="+", type=float, default=[1.0, 0.7, 0.5, 0.35],

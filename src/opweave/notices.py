@@ -12,6 +12,11 @@ class OpweaveFallbackWarning(UserWarning):
     pass skipped) because opweave cannot handle it yet; the results are still right."""
 
 
+class OpweavePerformanceWarning(UserWarning):
+    """Something outside the compiled model makes its calls measurably slower, and the
+    user can change it (the message says how); the results are right."""
+
+
 def warn_once(message: str, category: type[Warning], stacklevel: int = 3) -> None:
     """`warnings.warn(message, category)` unless this message was already given."""
     if message not in _WARNED:

@@ -21,7 +21,9 @@ set OMP_NUM_THREADS or the like between the two imports, as the bench's workers 
 environment is put back as it was, so no child process inherits the setting.
 `OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it is. An environment variable, not an
 `Options` field: the choice is made before any compile, once per process. Where torch was
-imported first, setting the two variables before the process starts does the same.
+imported first, setting the two variables before the process starts does the same, and
+the first compiled call from a thread other than the main one says so once (an
+`OpweavePerformanceWarning`) where two teams of torch's size would not fit on the CPUs.
 """
 from __future__ import annotations
 
@@ -30,6 +32,9 @@ import importlib.abc
 import importlib.util
 import os
 import sys
+import threading
+
+from .notices import OpweavePerformanceWarning, warn_once
 
 MODES = ("spin", "system")
 ENV = "OPWEAVE_OPENMP_WAITS"
@@ -38,6 +43,10 @@ ENV = "OPWEAVE_OPENMP_WAITS"
 SETTINGS = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "300000"}
 
 _applied = False
+MAIN_THREAD = threading.main_thread().ident
+# whether a compiled call from a thread other than the main one is still to be checked
+# for the throttled waits (`second_thread_called`); the executor reads it on every call
+watching = True
 
 
 def check_mode(mode: str) -> str:
@@ -105,3 +114,27 @@ class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_module
         return spec
+
+
+def second_thread_called() -> None:
+    """A native plan was called from a thread other than the main one. Where libgomp runs
+    with its own waits and a second team makes more OpenMP threads than CPUs (the main
+    thread's team stays once it ran torch's parallel operators: building or compiling a
+    model does), say once what to set, before the process starts. Checked once."""
+    global watching
+    watching = False
+    if _applied or not sys.platform.startswith("linux") or not _torch_bundles_libgomp() \
+            or os.environ.get(ENV, "spin") != "spin" \
+            or any(name in os.environ for name in SETTINGS):
+        return
+    import torch
+
+    if 2 * torch.get_num_threads() - 1 <= len(os.sched_getaffinity(0)):
+        return  # two teams fit on the CPUs: libgomp does not throttle
+    warn_once("opweave: a compiled model is called from a thread other than the main one. "
+              "Where the main thread has run torch's parallel operators (building or "
+              "compiling the model does), the process then has more OpenMP threads than "
+              "CPUs and libgomp lets them sleep between parallel regions: such calls "
+              "measured 1.1-2x slower (docs/runtime.md). Start Python with "
+              "OMP_WAIT_POLICY=active GOMP_SPINCOUNT=300000, or import opweave before "
+              f"torch; {ENV}=system silences this.", OpweavePerformanceWarning, stacklevel=4)

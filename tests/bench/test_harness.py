@@ -3,6 +3,7 @@ reports. No model runs here; `test_workers.py` runs real ones."""
 from __future__ import annotations
 
 import json
+import os
 import time
 
 import numpy as np
@@ -165,17 +166,63 @@ def test_several_calls_after_a_pause_each_are_said_so(fake):
 
 
 def test_the_worker_sleeps_the_pause_before_each_call():
-    from types import SimpleNamespace
-
-    from opweave.bench import worker
-
     starts = []
-    session = worker._Session.__new__(worker._Session)
-    session.prepared = SimpleNamespace(step=lambda: starts.append(time.perf_counter()))
+    session = _session(lambda: starts.append(time.perf_counter()))
     before = time.perf_counter()
     assert len(session.run(3, 0.02)) == 3
     gaps = np.diff([before, *starts])
     assert (gaps >= 0.02).all(), gaps  # a sleep lasts at least what it was asked for
+
+
+def _session(step, caller="main"):
+    """A worker's session around `step`, without a model (no torch, no build)."""
+    from types import SimpleNamespace
+
+    from opweave.bench import worker
+
+    session = worker._Session.__new__(worker._Session)
+    session.spec = worker.WorkerSpec(model="m", caller=caller)
+    session.prepared, session._caller_thread = SimpleNamespace(step=step), None
+    return session
+
+
+@pytest.mark.parametrize("caller", ["main", "thread"])
+def test_the_caller_thread_makes_every_call_of_its_worker(caller):
+    import threading
+
+    callers = []
+    session = _session(lambda: callers.append(threading.get_ident()), caller)
+    assert len(session.run(2)) == 2 and len(session.run(3)) == 3
+    if caller == "main":
+        assert set(callers) == {threading.get_ident()}
+    else:  # one thread, not this one, for all five: a server's handler thread
+        assert len(set(callers)) == 1 and callers[0] != threading.get_ident()
+
+
+def test_peers_workers_start_without_opweaves_libgomp_waits(monkeypatch):
+    from opweave.bench.worker import _peer_environment
+
+    monkeypatch.delenv("OPWEAVE_OPENMP_WAITS", raising=False)
+    for backend, inside in (("eager", "system"), ("inductor-bf16", "system"),
+                            ("opweave-bf16", None), (None, None)):
+        with _peer_environment(backend):
+            assert os.environ.get("OPWEAVE_OPENMP_WAITS") == inside, backend
+        assert "OPWEAVE_OPENMP_WAITS" not in os.environ
+    monkeypatch.setenv("OPWEAVE_OPENMP_WAITS", "spin")
+    with _peer_environment("openvino"):
+        assert os.environ["OPWEAVE_OPENMP_WAITS"] == "system"
+    assert os.environ["OPWEAVE_OPENMP_WAITS"] == "spin"
+
+
+def test_a_thread_caller_is_said_in_the_report_and_an_unknown_one_refused(fake):
+    fake.behaviour = {"opweave": dict(seconds=0.01)}
+    result = harness.run(_config(models=["m1"], backends=["opweave"], caller="thread"),
+                         worker_factory=fake)
+    assert ("; each call made by a second thread of its process, the one that prepared the "
+            "model staying idle") in report.terminal(result)
+    assert report.to_json(result)["config"]["caller"] == "thread"
+    with pytest.raises(ValueError, match="the caller must be one of main, thread"):
+        _config(caller="server")
 
 
 def test_eager_is_always_the_reference_even_when_not_asked(fake):

@@ -21,7 +21,7 @@ import numpy as np
 from . import cpu, roofline
 from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
 from .modes import INFER, TRAIN
-from .worker import BackendUnavailable, Worker, WorkerError, WorkerSpec
+from .worker import CALLERS, BackendUnavailable, Worker, WorkerError, WorkerSpec
 
 REFERENCE = "eager"
 DEFAULT_BACKENDS = ("eager", "inductor", "inductor-freezing", "onnxruntime", "tvm", "openvino",
@@ -59,6 +59,9 @@ class BenchConfig:
     # milliseconds the worker sleeps before each timed call: its threads and vCPUs idle
     # that long first, as a model served now and then meets (docs/runtime.md)
     pause_ms: float = 0.0
+    # which thread of a worker calls the model: "main", the one that built and prepared
+    # it, or "thread", one other thread for all its calls, as a server's handler thread
+    caller: str = "main"
     threads: int = os.cpu_count() or 1
     small: bool = False
     setup_timeout_s: float = 1800.0
@@ -71,6 +74,9 @@ class BenchConfig:
         if not (math.isfinite(self.pause_ms) and self.pause_ms >= 0):
             raise ValueError(f"the pause before each call must be a finite 0 ms or more, got "
                              f"{self.pause_ms}")
+        if self.caller not in CALLERS:
+            raise ValueError(f"the caller must be one of {', '.join(CALLERS)}, got "
+                             f"{self.caller!r}")
 
     def log_path(self, model: str, backend: str | None) -> str | None:
         if self.log_dir is None:
@@ -236,7 +242,7 @@ def run_model(config: BenchConfig, name: str, progress=None,
     progress = progress or _NoProgress()
     result = ModelResult(name)
     spec = dict(model=name, mode=config.mode, threads=config.threads, batch=config.batch,
-                small=config.small)
+                small=config.small, caller=config.caller)
     progress.set_description(f"{name}: FLOPs")
     with worker_factory(WorkerSpec(log_path=config.log_path(name, None), **spec)) as helper:
         try:

@@ -121,7 +121,10 @@ def _preamble(result: BenchResult) -> list[str]:
             + (f"; each run {c.calls} calls" + ("" if c.pause_ms else " back to back")
                + ", its sample the mean of all but the first" if c.calls > 1 else "")
             + (f"; each call after a {c.pause_ms:g} ms pause of its process" if c.pause_ms
-               else ""),
+               else "")
+            + ("; each call made by a second thread of its process, the one that prepared "
+               "the model staying idle (a server's handler thread: docs/runtime.md)"
+               if c.caller == "thread" else ""),
             cpu.line(m.get("cpu_info") or {}),
             f"fp32 GEMM peak: {peak / 1e9:.1f} GFLOP/s" if peak else "fp32 GEMM peak: -",
             "versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)]

@@ -14,11 +14,13 @@ import multiprocessing
 import os
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .modes import INFER
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS",
                     "TVM_NUM_THREADS")
+CALLERS = ("main", "thread")  # WorkerSpec.caller
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,7 @@ class WorkerSpec:
     small: bool = False
     backend: str | None = None  # None: a helper worker (FLOPs, calibration), no backend
     log_path: str | None = None  # where the worker's stdout/stderr go (library chatter)
+    caller: str = "main"  # "thread": timed calls come from one other thread (_Session.run)
 
 
 class WorkerError(RuntimeError):
@@ -51,7 +54,8 @@ class Worker:
         self._conn, child_conn = context.Pipe()
         self.process = context.Process(target=serve, args=(child_conn, spec), daemon=True,
                                        name=f"opweave-bench-{spec.backend or 'helper'}")
-        self.process.start()
+        with _peer_environment(spec.backend):
+            self.process.start()
         child_conn.close()
 
     @property
@@ -96,6 +100,27 @@ class Worker:
 
     def __exit__(self, *exc):
         self.close()
+
+
+@contextmanager
+def _peer_environment(backend: str | None):
+    """The environment a worker starts in. The child imports opweave (this module is
+    opweave's) before torch, which would set libgomp's waits for it (openmp_waits.py); a
+    peer's worker (eager, Inductor, ...) runs as its users' processes do, without them."""
+    from .. import openmp_waits
+
+    peer = backend is not None and not backend.startswith("opweave")
+    saved = os.environ.get(openmp_waits.ENV)
+    if peer:
+        os.environ[openmp_waits.ENV] = "system"
+    try:
+        yield
+    finally:
+        if peer:
+            if saved is None:
+                del os.environ[openmp_waits.ENV]
+            else:
+                os.environ[openmp_waits.ENV] = saved
 
 
 def wait_until_idle(timeout_s: float = 1.0) -> bool:
@@ -203,6 +228,7 @@ class _Session:
         self.spec = spec
         self.prepared = None
         self._bench = None
+        self._caller_thread = None  # made at the first call with caller="thread"
 
     @property
     def bench(self):
@@ -239,17 +265,37 @@ class _Session:
 
     def run(self, count: int = 1, pause_s: float = 0.0) -> list[float]:
         """Seconds of each of `count` calls of the prepared step, each after sleeping
-        `pause_s`. Returns once this process has gone quiet, so that no thread of it still
-        spins while the parent times the next backend."""
-        step, samples = self.prepared.step, []
-        for _ in range(count):
-            if pause_s > 0:
-                time.sleep(pause_s)
-            start = time.perf_counter()
-            step()
-            samples.append(time.perf_counter() - start)
+        `pause_s`, made by the main thread or, with `caller="thread"`, by one other thread
+        that makes every call of this worker (a server's handler thread: the main thread,
+        which prepared the model, keeps its OpenMP team; docs/runtime.md). Returns once
+        this process has gone quiet, so that no thread of it still spins while the parent
+        times the next backend."""
+        step = self.prepared.step
+
+        def calls():
+            samples = []
+            for _ in range(count):
+                if pause_s > 0:
+                    time.sleep(pause_s)
+                start = time.perf_counter()
+                step()
+                samples.append(time.perf_counter() - start)
+            return samples
+
+        if self.spec.caller == "thread":
+            samples = self._caller().submit(calls).result()
+        else:
+            samples = calls()
         wait_until_idle()
         return samples
+
+    def _caller(self):
+        """The one thread that makes this worker's calls with `caller="thread"`."""
+        if self._caller_thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._caller_thread = ThreadPoolExecutor(1, thread_name_prefix="opweave-caller")
+        return self._caller_thread
 
     def memory(self) -> dict:
         """Peak resident memory of the process during one step, and, where torch allocates

@@ -15,12 +15,14 @@ runs the steps here.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
 import torch
 
+from .. import openmp_waits
 from ..ir import Graph, TensorType, verify
 from .memory_plan import MemoryPlan, free_points, plan_memory
 from .native import NativeState
@@ -143,6 +145,8 @@ class Executor:
                     staging.reset(plan)
                 if not staging.decided:
                     staging.decide(self, inputs)
+            if openmp_waits.watching and threading.get_ident() != openmp_waits.MAIN_THREAD:
+                openmp_waits.second_thread_called()
             outputs = plan.run(inputs)
             if outputs is not None:
                 return outputs
