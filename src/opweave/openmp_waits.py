@@ -17,8 +17,9 @@ So `import opweave` sets the two variables only where it comes first: torch is n
 imported, torch's own wheel carries the libgomp it loads (a torch built with another
 OpenMP runtime reads `OMP_WAIT_POLICY=active` as "never sleep"), Linux, and the user set
 neither variable. Once torch has been imported, whenever that is (the program may still
-set OMP_NUM_THREADS or the like between the two imports, as the bench's workers do), the
-environment is put back as it was, so no child process inherits the setting.
+set OMP_NUM_THREADS or the like between the two imports, as the bench's workers do; where
+it set either of the two, its choice alone reaches libgomp), the environment is put back
+as it was, so no child process inherits the setting.
 `OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it is. An environment variable, not an
 `Options` field: the choice is made before any compile, once per process. Where torch was
 imported first, setting the two variables before the process starts does the same, and
@@ -107,6 +108,8 @@ class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
         def exec_module(module):
             global _applied
             _applied = all(os.environ.get(k) == v for k, v in SETTINGS.items())
+            if not _applied:  # the program set one of them since: its choice alone counts
+                _restore()
             try:
                 load(module)
             finally:
