@@ -24,17 +24,18 @@ pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or not openmp_waits._torch_bundles_libgomp(),
     reason="torch's wheel with its own libgomp, on Linux")
 
-REPORT = ("import json, os, sys; print(json.dumps({'applied': "
-          "sys.modules['opweave'].openmp_waits.applied(), 'environment': "
+REPORT = ("import json, os, sys; waits = sys.modules['opweave'].openmp_waits; "
+          "assert not any(isinstance(f, waits._RestoreAfterTorch) for f in sys.meta_path); "
+          "print(json.dumps({'applied': waits.applied(), 'environment': "
           "{k: os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')}}))")
 
 
-def _run(imports: str, then: str = "", **environment) -> tuple[dict, dict]:
-    """(the child's report, what libgomp says it read) after `imports` and `then`."""
+def _run(imports: str, **environment) -> tuple[dict, dict]:
+    """(the child's report, what libgomp says it read) after `imports`."""
     env = {k: v for k, v in os.environ.items()
            if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", openmp_waits.ENV)}
     env.update(environment, OMP_DISPLAY_ENV="verbose")
-    done = subprocess.run([sys.executable, "-c", f"{imports}; torch.ones(1); {then}{REPORT}"],
+    done = subprocess.run([sys.executable, "-c", f"{imports}; torch.ones(1); {REPORT}"],
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     read = {}
@@ -68,6 +69,32 @@ def test_what_the_program_sets_between_the_imports_counts():
                       "environment": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": "5000"}}
 
 
+def test_a_spec_asked_for_first_does_not_keep_the_environment_set():
+    """transformers, for one, asks importlib whether torch is there before importing it."""
+    report, read = _run("import importlib.util, opweave; importlib.util.find_spec('torch'); "
+                        "importlib.util.find_spec('torch'); import torch")
+    assert report == {"applied": True,
+                      "environment": {"OMP_WAIT_POLICY": None, "GOMP_SPINCOUNT": None}}
+    assert read["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_a_failed_torch_import_puts_the_environment_back(tmp_path):
+    fake = tmp_path / "torch"
+    (fake / "lib").mkdir(parents=True)
+    (fake / "lib" / "libgomp.so.1").touch()
+    (fake / "__init__.py").write_text("raise ImportError('a broken torch')\n")
+    code = (f"import json, os, sys; sys.path.insert(0, {str(tmp_path)!r}); import opweave\n"
+            "try:\n    import torch\nexcept ImportError as e:\n    said = str(e)\n"
+            "print(json.dumps([said, opweave.openmp_waits.applied(), "
+            "[os.environ.get(k) for k in ('OMP_WAIT_POLICY', 'GOMP_SPINCOUNT')]]))")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", openmp_waits.ENV)}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == ["a broken torch", False, [None, None]]
+
+
 def test_torch_first_is_left_alone():
     report, read = _run("import torch, opweave")
     assert not report["applied"]
@@ -83,20 +110,32 @@ def test_system_mode_and_the_users_choice_are_left_alone():
     assert report["environment"]["GOMP_SPINCOUNT"] == "1000"
 
 
-def test_an_unknown_mode_is_refused_by_name():
+def test_an_unknown_mode_is_refused_by_name_and_leaves_libgomp_alone():
     with pytest.raises(ValueError, match="OPWEAVE_OPENMP_WAITS must be one of spin, system"):
         openmp_waits.check_mode("always")
+    done = subprocess.run([sys.executable, "-c", "import opweave"], capture_output=True,
+                          text=True, timeout=300,
+                          env={**os.environ, openmp_waits.ENV: "always"})
+    assert done.returncode == 0, done.stderr
+    assert "OPWEAVE_OPENMP_WAITS must be one of spin, system; got 'always': libgomp is " \
+        "left as it is" in done.stderr
+    report, read = _run("import opweave, torch", OPWEAVE_OPENMP_WAITS=" System ")
+    assert not report["applied"] and read["OMP_WAIT_POLICY"] == "PASSIVE"
 
 
 EXPLAINED = ("g = opweave.compile(torch.nn.Linear(4, 4).eval(), [torch.randn(2, 4)]); "
-             "assert 'OpenMP waits of a second calling thread spin' in "
-             "g.program.compiled_graphs[0].report('lower'); ")
+             "said = 'OpenMP waits of a second calling thread spin' in "
+             "g.program.compiled_graphs[0].report('lower'); print('said' if said else 'not'); ")
 
 
 def test_explain_says_so_where_it_was_set():
-    assert _run("import opweave, torch", then=EXPLAINED)[0]["applied"]
-    with pytest.raises(AssertionError, match="AssertionError"):
-        _run("import torch, opweave", then=EXPLAINED)
+    for imports, applied in (("import opweave, torch", True), ("import torch, opweave", False)):
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", openmp_waits.ENV)}
+        done = subprocess.run([sys.executable, "-c", f"{imports}; {EXPLAINED}"], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.split()[-1] == ("said" if applied else "not")
 
 
 def _second_thread_warnings(monkeypatch, threads: int, **environment) -> list[str]:
@@ -140,6 +179,9 @@ def test_a_second_threads_call_says_once_what_to_set(monkeypatch):
 @two_cpus
 def test_nothing_is_said_where_two_teams_fit_or_the_user_chose(monkeypatch):
     assert _second_thread_warnings(monkeypatch, 1) == []
+    monkeypatch.setattr(openmp_waits, "_applied", True)  # loaded with the settings
+    assert _second_thread_warnings(monkeypatch, len(os.sched_getaffinity(0))) == []
+    monkeypatch.setattr(openmp_waits, "_applied", False)
     cpus = len(os.sched_getaffinity(0))
     assert _second_thread_warnings(monkeypatch, cpus, OPWEAVE_OPENMP_WAITS="system") == []
     assert _second_thread_warnings(monkeypatch, cpus, GOMP_SPINCOUNT="10000") == []

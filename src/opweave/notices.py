@@ -2,9 +2,11 @@
 first time, noise the hundredth."""
 from __future__ import annotations
 
+import threading
 import warnings
 
 _WARNED: set[str] = set()
+_LOCK = threading.Lock()  # two threads giving the same news at once: one says it
 
 
 class OpweaveFallbackWarning(UserWarning):
@@ -19,6 +21,8 @@ class OpweavePerformanceWarning(UserWarning):
 
 def warn_once(message: str, category: type[Warning], stacklevel: int = 3) -> None:
     """`warnings.warn(message, category)` unless this message was already given."""
-    if message not in _WARNED:
+    with _LOCK:
+        if message in _WARNED:
+            return
         _WARNED.add(message)
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
+    warnings.warn(message, category, stacklevel=stacklevel + 1)

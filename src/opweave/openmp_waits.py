@@ -1,30 +1,28 @@
 """Let a second thread's OpenMP workers spin through the gaps between its regions.
 
-libgomp gives every thread that starts a parallel region a team of its own, and keeps
-each team's workers after the region. Once the process has more of them than CPUs (a
-model compiled on the main thread and called from a server's thread: two teams, four
-threads on a 2-CPU machine), libgomp lets a waiting thread spin only 100 rounds before it
-sleeps (its throttled spin count, where it is otherwise 300,000), so each region of a
-model called from the second thread waits for a worker's wake: on the 2-vCPU VMs measured,
-XML-CNN's bf16 call took 1.0-1.15 ms from a second thread against 0.48-0.50 from the
-main one, ResNet-50's 21.8 against 19.9 ms, eager torch's 64K-float add 55-72 us against
-7-10. With `OMP_WAIT_POLICY=active` and `GOMP_SPINCOUNT=300000` libgomp spins 1,000
-rounds then and its usual 300,000 otherwise, so nothing changes for a single calling
-thread and the second thread's calls ran as fast as the main thread's (docs/runtime.md).
+libgomp gives every thread that starts a parallel region a team of its own and keeps its
+workers afterwards. Once the process has more of them than CPUs (a model compiled on the
+main thread, whose team stays, and called from a server's thread: four threads on two
+CPUs), libgomp lets a waiting thread spin 100 rounds instead of 300,000 before it sleeps,
+so each region of a call from the second thread waits for a wake: XML-CNN's bf16 call
+took about twice as long as from the main thread, ResNet-50's 10% longer
+(docs/runtime.md, "Calls from a second thread"). With `OMP_WAIT_POLICY=active` and
+`GOMP_SPINCOUNT=300000` libgomp spins 1,000 rounds there and its usual 300,000
+otherwise, and the second thread's calls ran as fast as the main thread's.
 
-libgomp reads its environment once, when it is loaded, which is when torch is imported.
-So `import opweave` sets the two variables only where it comes first: torch is not yet
-imported, torch's own wheel carries the libgomp it loads (a torch built with another
-OpenMP runtime reads `OMP_WAIT_POLICY=active` as "never sleep"), Linux, and the user set
-neither variable. Once torch has been imported, whenever that is (the program may still
-set OMP_NUM_THREADS or the like between the two imports, as the bench's workers do; where
-it set either of the two, its choice alone reaches libgomp), the environment is put back
-as it was, so no child process inherits the setting.
-`OPWEAVE_OPENMP_WAITS=system` leaves libgomp as it is. An environment variable, not an
-`Options` field: the choice is made before any compile, once per process. Where torch was
-imported first, setting the two variables before the process starts does the same, and
-the first compiled call from a thread other than the main one says so once (an
-`OpweavePerformanceWarning`) where two teams of torch's size would not fit on the CPUs.
+libgomp reads its environment once, when torch's import loads it. So `import opweave`
+sets the two variables only where it comes first: torch not yet imported, torch's wheel
+carrying its own libgomp (another OpenMP runtime reads `active` as "never sleep"),
+Linux, and neither variable set. Whatever the program sets before it imports torch
+counts too (OMP_NUM_THREADS, as the bench's workers set it; either of the two, and then
+its choice alone reaches libgomp), and once torch has loaded, the two are taken out of
+the environment again. Until then they are in it: a child process started, or another
+OpenMP runtime loaded, between the two imports reads them. `OPWEAVE_OPENMP_WAITS=system`
+leaves libgomp as it is; it is read here, at import, not as an `Options` field.
+
+Where torch came first, the first native-plan call from a thread other than the main
+one warns once (`second_thread_called`) unless two teams of torch's size fit on the
+CPUs: a heuristic, since which threads hold teams is libgomp's to know.
 """
 from __future__ import annotations
 
@@ -42,11 +40,11 @@ ENV = "OPWEAVE_OPENMP_WAITS"
 # libgomp's own spin count where OMP_WAIT_POLICY is unset: set with "active" so that only
 # the throttled count changes (100 to 1,000 rounds)
 SETTINGS = {"OMP_WAIT_POLICY": "active", "GOMP_SPINCOUNT": "300000"}
+MAIN_THREAD = threading.main_thread().ident
 
 _applied = False
-MAIN_THREAD = threading.main_thread().ident
-# whether a compiled call from a thread other than the main one is still to be checked
-# for the throttled waits (`second_thread_called`); the executor reads it on every call
+# whether a native-plan call from a thread other than the main one is still to be checked
+# (`second_thread_called`); the executor reads it on every call
 watching = True
 
 
@@ -61,6 +59,17 @@ def applied() -> bool:
     return _applied
 
 
+def _mode() -> str:
+    """OPWEAVE_OPENMP_WAITS as the other OPWEAVE_* variables are read; a value it does not
+    know leaves libgomp alone, with a warning (at import, no error can be caught)."""
+    mode = os.environ.get(ENV, "").strip().lower() or "spin"
+    try:
+        return check_mode(mode)
+    except ValueError as error:
+        warn_once(f"opweave: {error}: libgomp is left as it is", RuntimeWarning)
+        return "system"
+
+
 def _torch_bundles_libgomp() -> bool:
     """Whether the torch to be imported carries its own libgomp (a pip wheel), found
     without importing it."""
@@ -72,13 +81,20 @@ def _torch_bundles_libgomp() -> bool:
                for where in (os.path.join(package, "lib"), package + ".libs"))
 
 
+def _could_matter() -> bool:
+    return (_mode() == "spin" and sys.platform.startswith("linux")
+            and not any(name in os.environ for name in SETTINGS)
+            and _torch_bundles_libgomp())
+
+
 def before_torch() -> bool:
     """Set the variables for torch's import where the conditions above hold; whether it
-    did."""
-    mode = check_mode(os.environ.get(ENV, "spin"))
-    if (mode != "spin" or "torch" in sys.modules or not sys.platform.startswith("linux")
-            or any(name in os.environ for name in SETTINGS)
-            or not _torch_bundles_libgomp()):
+    did. Where they can never matter, calls stop watching for a second thread."""
+    global watching
+    if not _could_matter():
+        watching = False
+        return False
+    if "torch" in sys.modules:
         return False
     os.environ.update(SETTINGS)
     sys.meta_path.insert(0, _RestoreAfterTorch())
@@ -87,48 +103,61 @@ def before_torch() -> bool:
 
 def _restore() -> None:
     for name, value in SETTINGS.items():
-        if os.environ.get(name) == value:  # not a value the program set since
+        if os.environ.get(name) == value:  # ours, or the same value set since
             del os.environ[name]
 
 
 class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
-    """Finds nothing of its own: hands torch's import to the other finders and puts the
-    environment back once torch, and libgomp with it, has loaded (or failed to)."""
+    """Finds nothing of its own: asks the finders after it for torch and wraps the
+    loader of what they find, so that the environment is put back once torch, and
+    libgomp with it, has loaded (or failed to). A spec asked for without an import
+    (`importlib.util.find_spec`) is wrapped too and never run; the finder stays until a
+    wrapped loader runs."""
 
     def find_spec(self, fullname, path, target=None):
         if fullname != "torch":
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            _restore()
+        for finder in list(sys.meta_path):
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
             return None
-        load = spec.loader.exec_module
+        if spec.loader is None:
+            return spec
+        loader, load = spec.loader, spec.loader.exec_module
 
         def exec_module(module):
-            global _applied
-            _applied = all(os.environ.get(k) == v for k, v in SETTINGS.items())
-            if not _applied:  # the program set one of them since: its choice alone counts
+            global _applied, watching
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:  # another wrapped loader ran first
+                pass
+            ours = all(os.environ.get(k) == v for k, v in SETTINGS.items())
+            if not ours:  # the program set one of them since: its choice alone counts
                 _restore()
             try:
                 load(module)
+                _applied = ours
+                watching = watching and not ours
             finally:
                 _restore()
+                del loader.exec_module  # the loader's own again
 
-        spec.loader.exec_module = exec_module
+        loader.exec_module = exec_module
         return spec
 
 
 def second_thread_called() -> None:
     """A native plan was called from a thread other than the main one. Where libgomp runs
-    with its own waits and a second team makes more OpenMP threads than CPUs (the main
-    thread's team stays once it ran torch's parallel operators: building or compiling a
-    model does), say once what to set, before the process starts. Checked once."""
+    with its own waits and a second team makes more OpenMP threads than CPUs, say once
+    what to set, before the process starts. Checked once."""
     global watching
     watching = False
-    if _applied or not sys.platform.startswith("linux") or not _torch_bundles_libgomp() \
-            or os.environ.get(ENV, "spin") != "spin" \
-            or any(name in os.environ for name in SETTINGS):
+    if _applied or not _could_matter():
         return
     import torch
 

@@ -34,6 +34,11 @@ Environment variables:
                          thread's OpenMP workers run on every allowed CPU but the caller's
                          (a call after an idle gap no longer waits out a scheduler tick), or
                          are left where they are (runtime/native_plan.cpp, WorkersApart)
+  OPWEAVE_OPENMP_WAITS   spin (default) | system: where opweave is imported before torch,
+                         libgomp loads with OMP_WAIT_POLICY=active GOMP_SPINCOUNT=300000,
+                         so a second calling thread's OpenMP threads spin through the gaps
+                         between regions; or libgomp is left as it is (openmp_waits.py;
+                         read at import, not an Options field)
   OPWEAVE_PRECISION      fp32 (default) | bf16: products, convolutions and attention on
                          bfloat16 operands with float32 accumulation | bf16x3: linear
                          layers and convolutions from three bf16 parts, float32's

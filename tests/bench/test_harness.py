@@ -193,6 +193,8 @@ def test_the_caller_thread_makes_every_call_of_its_worker(caller):
     callers = []
     session = _session(lambda: callers.append(threading.get_ident()), caller)
     assert len(session.run(2)) == 2 and len(session.run(3)) == 3
+    if session._caller_thread is not None:
+        session._caller_thread.shutdown()
     if caller == "main":
         assert set(callers) == {threading.get_ident()}
     else:  # one thread, not this one, for all five: a server's handler thread
