@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import warnings
 
+import pytest
 import torch
 
 import opweave
@@ -19,6 +20,8 @@ def _lowered_steps(compiled):
             if hasattr(seg, "executor")]
 
 
+# calls from threads: the warning about libgomp's waits is pinned in test_openmp_waits
+@pytest.mark.filterwarnings("ignore::opweave.notices.OpweavePerformanceWarning")
 def test_two_threads_calling_one_compiled_model():
     torch.manual_seed(0)
     model = torch.nn.Sequential(
