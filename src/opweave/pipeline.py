@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import cost, openmp_waits, tune
+from . import cost, tune
 from .tune import configs, roofline
 from .files import atomic_write
 from .ir import Graph, verify
@@ -149,13 +149,9 @@ class PassRun:
             raise RuntimeError(f"device={device!r} was asked for {graph.name}, but torch "
                                f"{torch.__version__} sees no CUDA GPU; use device='cpu' or "
                                "'auto'")
-        # the process-level settings in force, said with each graph's lowering; the
-        # allocator's made before anything is measured, so measurements see memory as the
-        # calls will
-        process = ("; freed memory kept for the next call"
-                   if not on_gpu and allocator.apply(self.options.allocator) else "") \
-            + ("; OpenMP waits of a second calling thread spin (set at import)"
-               if not on_gpu and openmp_waits.applied() else "")
+        # before anything is measured, so measurements see memory as the calls will
+        kept = "; freed memory kept for the next call" \
+            if not on_gpu and allocator.apply(self.options.allocator) else ""
         quantized = precision.startswith("int8")
         if quantized and on_gpu:
             raise ValueError(f"precision={precision!r} runs on the CPU (oneDNN's int8 "
@@ -186,7 +182,7 @@ class PassRun:
                 steps = self._rematerialized(graph, steps)
             executor = self._executor(graph, steps, device)
             self._record(PassReport("lower", time.perf_counter() - start, size, size,
-                                    "fusion off: one step per op" + process), None)
+                                    "fusion off: one step per op" + kept), None)
             return executor
         try:
             with tune.using(tune.open_db(self.options.tuning_db)):
@@ -212,7 +208,7 @@ class PassRun:
         counts = ", ".join(f"{n} {kind}" for kind, n in sorted(lowered.kernel_counts().items()))
         if lowered.rescheduled:
             counts += f" ({lowered.rescheduled} on tuned schedules)"
-        counts += process
+        counts += kept
         self._record(PassReport("lower", time.perf_counter() - start, size, len(lowered.steps),
                                 f"{lowered.partition.method} partition: {counts}"), None)
         if self.dump_dir is not None:

@@ -41,6 +41,7 @@ from typing import Sequence
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .. import openmp_waits
 from ..codegen import build
 from ..codegen.lower import CppKernel
 from ..files import cache_root
@@ -468,6 +469,8 @@ class NativeState:
             # raw calls: generated kernels, quantizers, direct oneDNN primitives
             apart = "; OpenMP workers kept off the caller's CPU" \
                 if self.plan.workers_kept_apart else ""
+            if openmp_waits.applied():
+                apart += "; a second calling thread's OpenMP waits spin (set at import)"
             return f"native plan ({ops} operator calls, {kernels} raw kernel calls{apart})"
         if self.reason is not None:
             return f"Python steps: {self.reason}"
