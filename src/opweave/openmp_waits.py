@@ -132,6 +132,8 @@ class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
 
         def exec_module(module):
             global _applied, watching
+            if module.__name__ != "torch":  # a loader shared with torch's submodules
+                return load(module)
             try:
                 sys.meta_path.remove(self)
             except ValueError:  # another wrapped loader ran first
@@ -147,7 +149,11 @@ class _RestoreAfterTorch(importlib.abc.MetaPathFinder):
                 _restore()
                 del loader.exec_module  # the loader's own again
 
-        loader.exec_module = exec_module
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):  # a loader that takes no attributes: give up
+            sys.meta_path.remove(self)
+            _restore()
         return spec
 
 
