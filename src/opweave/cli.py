@@ -511,6 +511,7 @@ def _add_bench_parser(sub, models) -> None:
     import os
 
     from .bench.backends import BACKENDS
+    from .bench.worker import CALLERS
 
     p = sub.add_parser("bench", help="measure opweave against eager, Inductor, ONNX Runtime, TVM, "
                                           "OpenVINO")
@@ -576,7 +577,7 @@ def _add_bench_parser(sub, models) -> None:
                    help="the latency bench: sleep MS milliseconds before each timed call, "
                         "so that each meets idle threads and vCPUs as a model served now "
                         "and then does (default 0; docs/runtime.md)")
-    p.add_argument("--caller", choices=("main", "thread"), default="main",
+    p.add_argument("--caller", choices=CALLERS, default="main",
                    help="the latency bench: which thread makes the timed calls: main "
                         "(default), the one that built and compiled the model; thread, one "
                         "other thread, as a server's handler (docs/runtime.md)")

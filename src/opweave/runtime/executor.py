@@ -145,9 +145,8 @@ class Executor:
                     staging.reset(plan)
                 if not staging.decided:
                     staging.decide(self, inputs)
-            if openmp_waits.watching and threading.get_ident() != openmp_waits.MAIN_THREAD \
-                    and self.device.type == "cpu":
-                openmp_waits.second_thread_called()
+            if openmp_waits.watching and threading.get_ident() != openmp_waits.MAIN_THREAD:
+                openmp_waits.second_thread_called()  # a plan is CPU-only (native="off" on GPUs)
             outputs = plan.run(inputs)
             if outputs is not None:
                 return outputs

@@ -467,11 +467,11 @@ class NativeState:
         if self.plan is not None:
             ops, kernels = self.counts
             # raw calls: generated kernels, quantizers, direct oneDNN primitives
-            apart = "; OpenMP workers kept off the caller's CPU" \
-                if self.plan.workers_kept_apart else ""
-            if openmp_waits.applied():
-                apart += "; a second calling thread's OpenMP waits spin (set at import)"
-            return f"native plan ({ops} operator calls, {kernels} raw kernel calls{apart})"
+            threads = ("; OpenMP workers kept off the caller's CPU"
+                       if self.plan.workers_kept_apart else "") \
+                + ("; a second calling thread's OpenMP waits spin (set at import)"
+                   if openmp_waits.applied() else "")
+            return f"native plan ({ops} operator calls, {kernels} raw kernel calls{threads})"
         if self.reason is not None:
             return f"Python steps: {self.reason}"
         return "Python steps (the native plan is recorded at a later call)"
