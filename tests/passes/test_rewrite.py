@@ -197,3 +197,57 @@ def test_folded_constants_are_computed_only_when_read():
     data = store.data(lazy[0])
     assert TensorType.of(data) == store.constant_types[lazy[0]]
     assert lazy[0] not in store._pending and store.data(lazy[0]) is data
+
+
+def _gelu_module(spelling):
+    """A linear layer, a written-out GELU, a linear layer (GPT-2's MLP)."""
+    class MLP(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.proj = torch.nn.Linear(16, 64), torch.nn.Linear(64, 16)
+
+        def forward(self, x):
+            return self.proj(spelling(self.fc(x)))
+    torch.manual_seed(0)
+    return MLP().eval()
+
+
+def _new_gelu(x):  # transformers' NewGELUActivation (GPT-2's gelu_new)
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def _onnx_gelu(x):  # torch.onnx's export of gelu below opset 20
+    return x * (torch.erf(x / 1.4142135623730951) + 1.0) * 0.5
+
+
+def _python_gelu(x):  # the written-out erf form of older Python models
+    return x * 0.5 * (1.0 + torch.erf(x * 0.7071067811865476))
+
+
+def _off_gelu(x):  # kappa 0.04: not GELU, must stay written out
+    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.04 * torch.pow(x, 3.0))))
+
+
+@pytest.mark.parametrize("spelling, rule, approximate", [
+    (_new_gelu, "gelu-tanh-recompose", "tanh"),
+    (_onnx_gelu, "gelu-erf-recompose", "none"),
+    (_python_gelu, "gelu-erf-half-first-recompose", "none"),
+    (_off_gelu, None, None),
+])
+def test_written_out_gelu_becomes_one_op_in_the_products_epilogue(spelling, rule, approximate):
+    import opweave
+
+    model, x = _gelu_module(spelling), torch.randn(8, 16)
+    compiled = opweave.compile(model, (x,))
+    (report,) = compiled.program.rewrites
+    graph = compiled.graphs[0]
+    gelus = [n for n in graph.nodes if n.op == "gelu"]
+    if rule is None:
+        assert not gelus and "tanh" in graph.op_counts()
+    else:
+        assert rule in report.fired
+        assert [n.attrs["approximate"] for n in gelus] == [approximate]
+        assert not {"tanh", "erf", "pow"} & set(graph.op_counts())
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+

@@ -70,6 +70,15 @@ static inline float ow_tanh(float x) {
 
 static inline float ow_sigmoid(float x) { return 1.0f / (1.0f + ow_exp(-x)); }
 
+// x ** y; a square or a cube as products, which vectorize where libm's powf does not
+// (the exponent is a literal in every kernel that writes one, so the tests fold away;
+// within two float roundings of powf, and equal to it at zeros, infinities and NaN)
+static inline float ow_pow(float x, float y) {
+  if (y == 2.0f) return x * x;
+  if (y == 3.0f) return x * x * x;
+  return std::pow(x, y);
+}
+
 // A bfloat16's bits as a 16-bit integer in the order of the values (NaN aside): a negative
 // value's magnitude bits flipped. Applied to a key it gives the bits back.
 static inline int16_t ow_bf16_key(uint16_t bits) {

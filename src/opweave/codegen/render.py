@@ -166,7 +166,7 @@ _UNARY = {
     "ceil": "std::ceil({0})", "floor": "std::floor({0})",
     "maximum": "(({0} > {1} || {0} != {0}) ? {0} : {1})",
     "minimum": "(({0} < {1} || {0} != {0}) ? {0} : {1})",
-    "where": "({0} ? {1} : {2})", "pow": "std::pow({0}, {1})",
+    "where": "({0} ? {1} : {2})", "pow": "ow_pow({0}, {1})",
 }
 ROW_REDUCE_OPS = frozenset({"softmax", "log_softmax", "layer_norm"})
 # Plain reductions along the last axis (keeping it, as size 1): the decomposed backward
