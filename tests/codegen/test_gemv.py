@@ -23,6 +23,8 @@ def _finish(y, residual, unary):
         return y.tanh()
     if unary == "sigmoid":
         return y.sigmoid()
+    if unary == ("clamp", 0.0, 6.0):
+        return y.clamp(0.0, 6.0)
     if isinstance(unary, tuple):
         return F.gelu(y, approximate=unary[1])
     return y
@@ -30,7 +32,7 @@ def _finish(y, residual, unary):
 
 @pytest.mark.parametrize("rows, k, n", [(1, 512, 4000), (3, 7, 5), (16, 300, 33), (1, 1, 1)])
 @pytest.mark.parametrize("unary", [None, "relu", "tanh", "sigmoid", ("gelu", "none"),
-                                   ("gelu", "tanh")])
+                                   ("gelu", "tanh"), ("clamp", 0.0, 6.0)])
 @pytest.mark.parametrize("residual", [False, True])
 def test_matches_torch(rows, k, n, unary, residual):
     torch.manual_seed(0)

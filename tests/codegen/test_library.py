@@ -26,13 +26,14 @@ def _run(g: Graph, *inputs, names):
 
 
 @pytest.mark.parametrize("act", [("gelu", "none"), ("gelu", "tanh"), ("relu", None),
-                                 ("tanh", None), ("sigmoid", None)])
+                                 ("tanh", None), ("sigmoid", None), ("clamp", None)])
 def test_linear_with_activation_post_op(act):
     op, approx = act
     g = Graph("lin")
     x = g.add_input("x", TensorType((6, 24), F32))
     y = linear(g, x, 24, 40, "fc")
-    g.outputs = [g.add1(op, [y], {"approximate": approx} if approx else {})]
+    attrs = {"approximate": approx} if approx else {"min": 0.0, "max": 6.0} if op == "clamp" else {}
+    g.outputs = [g.add1(op, [y], attrs)]
     _run(g, torch.randn(6, 24), names=[f"matmul+add+{op}"])
 
 

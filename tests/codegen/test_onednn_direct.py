@@ -26,6 +26,8 @@ def _reference(x, w, b, stride, padding, dilation, groups, unary, residual):
         y = y + residual
     if unary == "relu":
         return y.relu()
+    if unary == RELU6:
+        return y.clamp(0.0, 6.0)
     if isinstance(unary, tuple):
         return F.gelu(y, approximate=unary[1])
     return y
@@ -38,7 +40,8 @@ CONV_GEOMETRIES = [
     (1, 8, 10, 10, 8, 3, 1, 2, 2, 2),
     (1, 3, 15, 15, 16, 7, 2, 3, 1, 1),
 ]
-CONV_UNARIES = [None, "relu", ("gelu", "tanh")]
+RELU6 = ("clamp", 0.0, 6.0)
+CONV_UNARIES = [None, "relu", ("gelu", "tanh"), RELU6]
 CONV_BINARIES = [onednn_direct.NO_BINARY, onednn_direct.SUM_IN_PLACE, onednn_direct.ADD]
 
 
@@ -69,7 +72,7 @@ def test_matches_torch_conv2d(geometry, unary, binary):
 
 
 @pytest.mark.parametrize("geometry", [(7, 24, 40), (1, 16, 8), (200, 64, 96)])
-@pytest.mark.parametrize("unary", [None, "tanh", ("gelu", "none")])
+@pytest.mark.parametrize("unary", [None, "tanh", ("gelu", "none"), RELU6])
 @pytest.mark.parametrize("binary", [onednn_direct.NO_BINARY, onednn_direct.ADD])
 def test_linear_matches_torch(geometry, unary, binary):
     m, k, n = geometry
@@ -82,6 +85,8 @@ def test_linear_matches_torch(geometry, unary, binary):
         want = want + residual
     if unary == "tanh":
         want = want.tanh()
+    elif unary == RELU6:
+        want = want.clamp(0.0, 6.0)
     elif unary is not None:
         want = F.gelu(want)
     got = product(x) if residual is None else product(x, residual.clone())
@@ -282,3 +287,36 @@ def test_a_reference_only_primitive_gives_way_to_torchs_form(monkeypatch):
         got = Executor(g, steps=lowered.steps)(x)[0]
     torch.testing.assert_close(got, Executor(g)(x)[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(Executor(g, steps=lowered.steps)(x)[0], got)
+
+
+@pytest.mark.parametrize("bounds, fused", [((0.0, 6.0), True), ((-1.0, 2.5), True),
+                                           ((0.0, None), False)])
+def test_a_clamp_after_a_convolution_is_its_post_op_in_every_form(bounds, fused):
+    """MobileNet's depthwise convolution + ReLU6: torch's forms take a clamp with two
+    bounds as "hardtanh", the direct form ReLU6 as oneDNN's clip; a clamp with one bound
+    is not an epilogue."""
+    from opweave.codegen.render import FUSIBLE
+    from opweave.partition.classify import constant_of
+    from opweave.partition.context import Context
+    from opweave.partition.legality import Epilogue, anchor_epilogue
+    torch.manual_seed(0)
+    g = Graph("dw")
+    x = g.add_input("x", TensorType((1, 24, 10, 10), F32))
+    conv = g.add1("conv", [x, g.add_constant("w", torch.randn(24, 1, 3, 3)),
+                           g.add_constant("b", torch.randn(24))],
+                  {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1], "groups": 24})
+    clamp = g.add1("clamp", [conv], {"min": bounds[0], "max": bounds[1]})
+    g.outputs = [clamp]
+    anchor, node = conv.producer, clamp.producer
+    ep = anchor_epilogue(Context(g, FUSIBLE), {anchor, node})
+    assert isinstance(ep, Epilogue) == fused, ep
+    if not fused:
+        return
+    forms = library.forms(g, anchor, ep)
+    assert ("onednn-direct" in forms) == (bounds == (0.0, 6.0) and onednn_direct.library() is not None)
+    data = (torch.randn(1, 24, 10, 10) * 4).contiguous(memory_format=torch.channels_last)
+    want = torch.clamp(F.conv2d(data, constant_of(g, anchor.inputs[1]),
+                                constant_of(g, anchor.inputs[2]), padding=1, groups=24), *bounds)
+    for name, form in forms.items():
+        (got,) = form(data)
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=name)

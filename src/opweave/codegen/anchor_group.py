@@ -42,6 +42,8 @@ def torch_unary(ep: Epilogue):
         return "none", [], ""
     if ep.unary.op == "gelu":
         return "gelu", [], ep.unary.attrs["approximate"]
+    if ep.unary.op == "clamp":
+        return "hardtanh", [float(ep.unary.attrs["min"]), float(ep.unary.attrs["max"])], ""
     return _UNARY[ep.unary.op]
 
 
@@ -110,6 +112,9 @@ def direct_unary(ep: Epilogue):
         return None
     if ep.unary.op == "gelu":
         return "gelu", ep.unary.attrs["approximate"]
+    if ep.unary.op == "clamp":
+        bounds = ("clamp", float(ep.unary.attrs["min"]), float(ep.unary.attrs["max"]))
+        return bounds if bounds in onednn_direct.UNARY else "unknown"
     return ep.unary.op if ep.unary.op in onednn_direct.UNARY else "unknown"
 
 

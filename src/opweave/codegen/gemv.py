@@ -36,6 +36,7 @@ static inline float ow_gemv_activation(float v, int64_t unary) {
     case 3: return ow_sigmoid(v);
     case 4: return 0.5f * v * (1.0f + ow_erf(v * 0.70710678118654752f));
     case 5: return 0.5f * v * (1.0f + ow_tanh(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+    case 6: return v < 0.0f ? 0.0f : (v > 6.0f ? 6.0f : v);  // ReLU6 (NaN stays NaN)
   }
   return v;
 }

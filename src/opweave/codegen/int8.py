@@ -44,10 +44,11 @@ QUANTIZED_OPS = frozenset({"matmul", "conv"})
 # dynamic quantization), their activations' ranges measured on every call
 _OPS_OF = {"int8": QUANTIZED_OPS, "int8-dynamic": frozenset({"matmul"})}
 # unary epilogues oneDNN fuses into an int8 product, per anchor op
-FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh"}), "conv": frozenset({"relu"})}
+FUSED_UNARY = {"matmul": frozenset({"relu", "gelu", "tanh", "clamp"}),
+               "conv": frozenset({"relu", "clamp"})}
 _PROVISIONAL = (8.0 / 255, 128)  # scale and zero point while measuring, before calibration
 # ops a product's fused epilogue may end in (what the next group reads is their result)
-_EPILOGUE_OPS = frozenset({"relu", "gelu", "tanh", "add"})
+_EPILOGUE_OPS = frozenset({"relu", "gelu", "tanh", "clamp", "add"})
 
 
 def arrives_as_codes(graph, v) -> bool:

@@ -210,6 +210,8 @@ def fuses(anchor: Node, ep: Epilogue) -> bool:
     it fuses; a 2-D or 1-D convolution; a linear layer over rows)."""
     if ep.unary is not None and ep.unary.op not in int8.FUSED_UNARY[anchor.op]:
         return False
+    if ep.unary is not None and ep.unary.op == "clamp" and ep.binary is not None:
+        return False  # the int8 sum's op names its activation; it has no bounds to give
     rank = len(anchor.inputs[0].type.shape)
     return rank == 2 if anchor.op == "matmul" else rank in (3, 4)
 

@@ -78,6 +78,32 @@ def op_step(node: Node, precision: str = "fp32") -> Step:
     return Step(fn, list(node.inputs), list(node.outputs), [node], "op", node.op)
 
 
+def zero_pad_step(graph: Graph, node: Node) -> Step | None:
+    """A cat of one operand between blocks of constant zeros (how the frontends spell
+    zero padding) as torch's `constant_pad_nd`, which keeps the operand's memory format:
+    `cat` makes a channels-last activation row-major (96 x 113 x 113 floats before a
+    depthwise convolution: 0.64 against 0.22 ms, and the convolution after it 0.22
+    against 0.10 on the row-major copy; 2-core Zen 4). None where it is not one."""
+    if node.op != "cat":
+        return None
+    zero = [_is_constant(v) and _all_positive_zeros(graph.constants[v.producer.attrs["name"]])
+            for v in node.inputs]
+    if zero.count(False) != 1:
+        return None
+    k = zero.index(False)
+    rank = node.outputs[0].type.rank
+    dim = node.attrs["dim"] % rank
+    sizes = [v.type.shape[dim] for v in node.inputs]
+    before, after = sum(sizes[:k]), sum(sizes[k + 1:])
+    pad = [0, 0] * (rank - 1 - dim) + [before, after]
+    return Step(lambda x: [torch.constant_pad_nd(x, pad, 0.0)], [node.inputs[k]],
+                list(node.outputs), [node], "op", "cat (zero padding)")
+
+
+def _all_positive_zeros(t: torch.Tensor) -> bool:
+    return t.is_floating_point() and not bool(t.any()) and not bool(torch.signbit(t).any())
+
+
 def gemm_step(node: Node) -> Step:
     """A product of two run-time matrices, on torch's or oneDNN's GEMM by measurement
     (at the first call, when strides are known; recorded in the active tuning database)."""
@@ -174,7 +200,7 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
             elif measure and attention.applies(single):
                 lowered.steps.append(attention_step(graph, single, precision))
             else:
-                lowered.steps.append(op_step(single, precision))
+                lowered.steps.append(zero_pad_step(graph, single) or op_step(single, precision))
             continue
         outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]
         if ctx.role[nodes[0]] is Role.ANCHOR:

@@ -180,6 +180,7 @@ dnnl::algorithm eltwise(int unary) {
     case 3: return dnnl::algorithm::eltwise_logistic;
     case 4: return dnnl::algorithm::eltwise_gelu_erf;
     case 5: return dnnl::algorithm::eltwise_gelu_tanh;
+    case 6: return dnnl::algorithm::eltwise_clip;  // ReLU6: clip to [0, 6]
   }
   throw std::invalid_argument("unknown unary epilogue " + std::to_string(unary));
 }
@@ -271,7 +272,7 @@ dnnl::primitive_attr attributes(int unary, int binary, const memory::desc& dst,
   } else if (binary != kNone) {
     throw std::invalid_argument("unknown binary epilogue " + std::to_string(binary));
   }
-  if (unary != 0) ops.append_eltwise(eltwise(unary), 0.f, 0.f);
+  if (unary != 0) ops.append_eltwise(eltwise(unary), 0.f, unary == 6 ? 6.f : 0.f);
   dnnl::primitive_attr attr;
   attr.set_post_ops(ops);
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -379,7 +380,7 @@ const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 // geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
 // sides), dilation h/w (torch's convention: 1 = dense). weight: [O, C/groups, KH, KW]
 // contiguous; bias: [O] or null. unary: 0 none, 1 relu, 2 tanh, 3 sigmoid, 4 gelu (erf),
-// 5 gelu (tanh); it applies after the binary epilogue, as torch's post-ops do. mode: 1
+// 5 gelu (tanh), 6 clip to [0, 6] (ReLU6); it applies after the binary epilogue, as torch's post-ops do. mode: 1
 // float32; 2 bf16 (source, weight, destination and residual in bf16; the float32 bias, the
 // sum and the activation computed in float32 and rounded once, on the store); 3 bf16x3,
 // where the weight is bf16 [O, 6 * C/groups, KH, KW] (its parts in the slots

@@ -41,7 +41,8 @@ WINOGRAD_SOURCE = Path(__file__).with_name("onednn_winograd.cpp")
 ATTENTION_SOURCE = Path(__file__).with_name("onednn_attention.cpp")
 FORMAT = 1
 # epilogue codes of `ow_onednn_conv_create`
-UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5}
+UNARY = {None: 0, "relu": 1, "tanh": 2, "sigmoid": 3, ("gelu", "none"): 4, ("gelu", "tanh"): 5,
+         ("clamp", 0.0, 6.0): 6}  # ReLU6
 NO_BINARY, SUM_IN_PLACE, ADD = 0, 1, 2
 
 

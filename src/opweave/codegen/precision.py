@@ -126,7 +126,7 @@ def passes_bf16(step) -> bool:
 
 # ops that end a bf16 group's epilogue (bias, activation, residual add): the group's
 # result, bf16, is theirs
-_EPILOGUE_OPS = frozenset({"add", "relu", "gelu", "tanh", "sigmoid"})
+_EPILOGUE_OPS = frozenset({"add", "relu", "gelu", "tanh", "sigmoid", "clamp"})
 # poolings whose generated kernels have bf16 forms (codegen/templates.py)
 POOLING_OPS = frozenset({"max_pool2d", "adaptive_max_pool2d"})
 # ops that, alone in a step, take a bf16 operand as it comes and may hand bf16 on

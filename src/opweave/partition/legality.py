@@ -12,6 +12,7 @@ Every refusal returns the reason, for the debug dump.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +21,8 @@ from ..ir.graph import Node
 from .classify import Role, constant_of, iteration_shape
 from .context import Context
 
-LINEAR_UNARY = frozenset({"relu", "gelu", "tanh", "sigmoid"})
-CONV_UNARY = frozenset({"relu", "tanh", "sigmoid"})
+LINEAR_UNARY = frozenset({"relu", "gelu", "tanh", "sigmoid", "clamp"})
+CONV_UNARY = frozenset({"relu", "tanh", "sigmoid", "clamp"})
 
 
 @dataclass
@@ -125,6 +126,8 @@ def anchor_epilogue(ctx: Context, members) -> Epilogue | str:
         if nxt.op in allowed and (ep.binary is None or anchor.op == "conv"):
             if nxt.op == "gelu" and nxt.attrs["approximate"] not in ("none", "tanh"):
                 return "unknown gelu approximation"
+            if nxt.op == "clamp" and not _two_finite_bounds(nxt):
+                return "a clamp without both bounds is not a post-op"
             ep.unary = nxt
             continue
         return f"{nxt.op} is not a {anchor.op} post-op here"
@@ -132,6 +135,14 @@ def anchor_epilogue(ctx: Context, members) -> Epilogue | str:
         return "an epilogue does not end in a view"
     ep.chain = tuple(chain)
     return ep
+
+
+def _two_finite_bounds(clamp: Node) -> bool:
+    """Whether a clamp has a finite lower and upper bound (ReLU6 is clamp(x, 0, 6)): the
+    library's clip post-op, torch's "hardtanh" attribute."""
+    bounds = (clamp.attrs["min"], clamp.attrs["max"])
+    return all(isinstance(b, (int, float)) and math.isfinite(b) for b in bounds) \
+        and bounds[0] <= bounds[1]
 
 
 def _is_row_bias(ctx: Context, value, anchor: Node) -> bool:

@@ -1,8 +1,8 @@
 """Layout: compose and cancel views, and move views past elementwise ops."""
 from __future__ import annotations
 
-from ._helpers import (F32, Const, X, Y, attrs_of, example, op, op_any_arity, require,
-                       rule, same, scalar_of)
+from ._helpers import (F32, Const, X, Y, attrs_of, example, filled_with, op, op_any_arity,
+                       require, rule, same, scalar_of)
 
 
 @rule("permute-permute", op("permute", op("permute", X, bind="p"), bind="q"), "layout",
@@ -178,3 +178,55 @@ def _binary_both_permuted(binary: str):
 for _b in ("add", "mul"):
     _binary_both_permuted(_b)
 
+
+
+# Zero padding written out before a convolution (TensorFlow's "SAME" padding in ported
+# models: a pad, which the frontend spells as a cat of zero blocks, then a convolution
+# without padding) is the convolution's own padding when it is the same on both sides.
+# Unfolded, the cat copies the activation in its logical (row-major) layout, and the
+# convolution after it then reads a tensor that is not channels-last.
+
+def _zero_block(b, cid: int) -> bool:
+    """Whether class `cid` is all zeros: a `full` of 0, or a small constant of zeros."""
+    return any(e.op == "full" and e.attrs_get("value") == 0 for e in b.view.enodes(cid)) \
+        or filled_with(b, cid, 0)
+
+
+def _peel_zero_padding(b, cid: int, spatial: range, pads: dict) -> int:
+    """The class inside nested cats that pad `cid` with equal zero blocks on both sides of
+    spatial dims (recorded in `pads`: dim -> count a side); `cid` itself if none do."""
+    for e in b.view.enodes(cid):
+        if e.op != "cat" or len(e.children) != 3:
+            continue
+        before, inner, after = e.children
+        rank = b.type(cid).rank
+        dim = e.attr("dim") % rank
+        count = b.type(before).shape[dim]
+        if dim in spatial and dim not in pads and count == b.type(after).shape[dim] \
+                and _zero_block(b, before) and _zero_block(b, after):
+            pads[dim] = count
+            return _peel_zero_padding(b, inner, spatial, pads)
+    return cid
+
+
+def _pad_conv_example(b, x, w):
+    padded = b.op("cat", b.op("full", shape=[1, 2, 5, 1], value=0.0, dtype=F32), x,
+                  b.op("full", shape=[1, 2, 5, 1], value=0.0, dtype=F32), dim=3)
+    padded = b.op("cat", b.op("full", shape=[1, 2, 1, 7], value=0.0, dtype=F32), padded,
+                  b.op("full", shape=[1, 2, 1, 7], value=0.0, dtype=F32), dim=2)
+    return b.op("conv", padded, w, stride=[2, 1], padding=[0, 1], dilation=[1, 1], groups=1)
+
+
+@rule("zero-pad-into-conv", op_any_arity("conv", "conv"), "layout",
+      [example(_pad_conv_example, (1, 2, 5, 5), (3, 2, 3, 3))])
+def zero_pad_into_conv(b, m):
+    """conv(pad(x, zeros, p on each side)) = conv(x) with p more padding"""
+    conv = m.node("conv")
+    x, *rest = conv.children
+    rank = b.type(x).rank
+    pads: dict = {}
+    inner = _peel_zero_padding(b, x, range(2, rank), pads)
+    require(bool(pads), "no equal zero padding")
+    attrs = attrs_of(conv)
+    attrs["padding"] = [p + pads.get(2 + i, 0) for i, p in enumerate(attrs["padding"])]
+    return same(b, m.root, b.op("conv", inner, *rest, **attrs))
