@@ -18,7 +18,7 @@ import opweave
 from opweave import Options
 from opweave.codegen import library, onednn_direct, precision
 
-from .test_onednn_direct import CONV_BINARIES, CONV_GEOMETRIES, CONV_UNARIES
+from .test_onednn_direct import CONV_BINARIES, CONV_GEOMETRIES, CONV_UNARIES, RELU6
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux" or platform.machine() != "x86_64",
                                 reason="oneDNN's pip package is for x86-64 Linux")
@@ -43,6 +43,8 @@ def _epilogue(y: torch.Tensor, unary, residual) -> torch.Tensor:
         return y.relu()
     if unary == "tanh":
         return y.tanh()
+    if unary == RELU6:
+        return y.clamp(0.0, 6.0)
     if isinstance(unary, tuple):
         return F.gelu(y, approximate=unary[1])
     return y
