@@ -60,8 +60,10 @@ _SQRT_2 = math.sqrt(2.0)
 def _near(b, cid: int, value: float) -> bool:
     """Whether class `cid` is a one-element float constant within float32 rounding of
     `value` (models write these constants with more or fewer digits)."""
+    if b.type(cid).numel != 1:  # (never reads a weight's data: it may be folded lazily)
+        return False
     t = b.value(cid)
-    return (t is not None and t.numel() == 1 and t.dtype.is_floating_point
+    return (t is not None and t.dtype.is_floating_point
             and math.isclose(t.reshape(()).item(), value, rel_tol=1e-6))
 
 
