@@ -210,3 +210,27 @@ def test_conv_adds_into_a_dead_residual_only(residual_read_later):
     ref = Executor(g)(inp)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_zero_padding_before_a_convolution_keeps_its_operand_channels_last():
+    """An unequal zero padding (a stride-2 convolution's 0 before, 1 after) stays a cat in
+    the graph; it runs as `constant_pad_nd`, whose result stays channels-last where `cat`
+    would make it row-major, and a cat with a nonzero block stays a cat."""
+    g = Graph("pad")
+    x = g.add_input("x", TensorType((1, 8, 6, 6), F32))
+    y = g.add1("relu", [_conv(g, x, 8, 8, 3, "c")])              # channels-last, as in models
+    padded = g.add1("cat", [y, g.add_constant("zeros", torch.zeros(1, 8, 6, 1))], {"dim": 3})
+    other = g.add1("cat", [y, g.add_constant("ones", torch.ones(1, 8, 6, 1))], {"dim": 3})
+    g.outputs = [padded, other]
+    lowered = lower(g, "ilp", measure=False)
+    pad_step, cat_step = (next(s for s in lowered.steps if v in s.outputs) for v in (padded, other))
+    assert pad_step.name == "cat (zero padding)" and pad_step.inputs == [y]
+    assert cat_step.name == "cat"
+    data = torch.randn(1, 8, 6, 6)
+    got = Executor(g, steps=lowered.steps)(data)
+    for a, b in zip(got, Executor(g)(data)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    conv_out = torch.randn(1, 8, 6, 6).contiguous(memory_format=torch.channels_last)
+    (result,) = pad_step.fn(conv_out)
+    assert result.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(result, torch.cat([conv_out, torch.zeros(1, 8, 6, 1)], 3))

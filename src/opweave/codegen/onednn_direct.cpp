@@ -380,9 +380,10 @@ const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 // geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
 // sides), dilation h/w (torch's convention: 1 = dense). weight: [O, C/groups, KH, KW]
 // contiguous; bias: [O] or null. unary: 0 none, 1 relu, 2 tanh, 3 sigmoid, 4 gelu (erf),
-// 5 gelu (tanh), 6 clip to [0, 6] (ReLU6); it applies after the binary epilogue, as torch's post-ops do. mode: 1
-// float32; 2 bf16 (source, weight, destination and residual in bf16; the float32 bias, the
-// sum and the activation computed in float32 and rounded once, on the store); 3 bf16x3,
+// 5 gelu (tanh), 6 clip to [0, 6] (ReLU6); it applies after the binary epilogue, as
+// torch's post-ops do. mode: 1 float32; 2 bf16 (source, weight, destination and
+// residual in bf16; the float32 bias, the sum and the activation computed in float32 and
+// rounded once, on the store); 3 bf16x3,
 // where the weight is bf16 [O, 6 * C/groups, KH, KW] (its parts in the slots
 // [w0 w1 w2 w0 w1 w0] of each input channel block), the source and destination float32;
 // 4 int8, where the weight is int8, the source uint8 codes, and `quant` (`Quantization`;

@@ -71,7 +71,7 @@ static inline float ow_tanh(float x) {
 static inline float ow_sigmoid(float x) { return 1.0f / (1.0f + ow_exp(-x)); }
 
 // x ** y; a square or a cube as products, which vectorize where libm's powf does not
-// (the exponent is a literal in every kernel that writes one, so the tests fold away;
+// (the exponent is a literal in every kernel that writes one, so the comparisons fold away;
 // within two float roundings of powf, and equal to it at zeros, infinities and NaN)
 static inline float ow_pow(float x, float y) {
   if (y == 2.0f) return x * x;

@@ -179,13 +179,11 @@ for _b in ("add", "mul"):
     _binary_both_permuted(_b)
 
 
-
 # Zero padding written out before a convolution (TensorFlow's "SAME" padding in ported
 # models: a pad, which the frontend spells as a cat of zero blocks, then a convolution
 # without padding) is the convolution's own padding when it is the same on both sides.
 # Unfolded, the cat copies the activation in its logical (row-major) layout, and the
 # convolution after it then reads a tensor that is not channels-last.
-
 def _zero_block(b, cid: int) -> bool:
     """Whether class `cid` is all zeros: a `full` of 0, or a small constant of zeros."""
     return any(e.op == "full" and e.attrs_get("value") == 0 for e in b.view.enodes(cid)) \
