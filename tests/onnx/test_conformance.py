@@ -13,9 +13,9 @@ FULLY_PASSING = {
     "Elu", "Erf", "Exp", "Expand", "Flatten", "Gather", "GatherElements", "Gelu", "Gemm",
     "GlobalAveragePool", "GlobalMaxPool", "HardSigmoid", "HardSwish", "IsInf", "IsNaN",
     "LayerNormalization", "LeakyRelu", "Log", "LogSoftmax", "MatMul", "Mean", "Neg", "Not",
-    "Or", "PRelu", "Reciprocal", "ReduceMean", "Relu", "Reshape", "Selu", "Shape", "Sigmoid",
-    "Sin", "Size", "Softmax", "Softsign", "Split", "Sqrt", "Squeeze", "Sum", "Tanh",
-    "ThresholdedRelu", "Transpose", "Unsqueeze", "Where", "Xor",
+    "Or", "Pad", "PRelu", "Reciprocal", "ReduceMean", "Relu", "Reshape", "Selu", "Shape",
+    "Sigmoid", "Sin", "Size", "Slice", "Softmax", "Softsign", "Split", "Sqrt", "Squeeze",
+    "Sum", "Tanh", "ThresholdedRelu", "Transpose", "Unsqueeze", "Where", "Xor",
 }
 
 

@@ -95,3 +95,20 @@ def test_torch_path_graph_exports_with_its_own_ops(name):
     feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), bench.inputs)}
     for g, e in zip(session.run(None, feed), _eager(bench)):
         np.testing.assert_allclose(g, e, atol=ATOL, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["zoo-mobilenet-v2", "zoo-inception3", "zoo-densenet",
+                                  "zoo-efficientnet"])
+def test_zoo_cnns_with_padding_and_average_pooling_import(name, onnx_dir):
+    """Networks whose export has a Pad, a convolution with unequal pads (TensorFlow's
+    SAME padding) or an AveragePool, each refused before; then back out to ONNX Runtime."""
+    bench = model(name, "small")
+    imported = opweave.from_onnx(exported(name, "small", onnx_dir))
+    expected = _eager(bench)
+    for g, e in zip(imported(*[x.numpy() for x in bench.inputs]), expected):
+        np.testing.assert_allclose(g, e, atol=ATOL, rtol=1e-4)
+    proto = opweave.to_onnx(imported)
+    session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = {i.name: x.numpy() for i, x in zip(session.get_inputs(), bench.inputs)}
+    for g, e in zip(session.run(None, feed), expected):
+        np.testing.assert_allclose(g, e, atol=ATOL, rtol=1e-4)

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from ..ir import dtypes
+from ..ir import dtypes, padding, symbols
 from .errors import OnnxUnsupported, where
 from .importer import Lowering, handles, torch_dtype
 
@@ -186,11 +186,19 @@ def _isinf(low, node, ins, attrs):
 
 @handles("Clip")
 def _clip(low, node, ins, attrs):
+    """Bounds known at import as the IR's clamp (which becomes a convolution's or product's
+    post-op: ReLU6); bounds computed at run time as maximum and minimum."""
     x = ins[0]
     if x.type.dtype == torch.bool:
         refuse(low, "Clip of bool")
     lo = ins[1] if len(ins) > 1 else None
     hi = ins[2] if len(ins) > 2 else None
+    bounds = [low.const_of(b) if b is not None else None for b in (lo, hi)]
+    if x.type.dtype in FLOATS and all(b is None or b.numel() == 1 for b in bounds) \
+            and any(b is not None for b in bounds) \
+            and all((b is None) == (v is None) for b, v in zip(bounds, (lo, hi))):
+        lo_v, hi_v = (float(b.item()) if b is not None else None for b in bounds)
+        return [low.emit1("clamp", [x], {"min": lo_v, "max": hi_v})]
     if lo is not None:
         x = low.emit1("maximum", [x, lo])
     if hi is not None:
@@ -296,14 +304,16 @@ def _gemm(low, node, ins, attrs):
     return [y]
 
 
-def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations) -> list[int]:
-    """Symmetric padding per spatial dim, from pads or auto_pad (asymmetric is refused)."""
+def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations):
+    """Padding before and after each spatial dim, from pads or auto_pad."""
     auto_pad = attrs.get("auto_pad", "NOTSET")
     if auto_pad in ("NOTSET", ""):
         pads = list(attrs.get("pads", [0] * (2 * spatial)))
     elif auto_pad == "VALID":
         pads = [0] * (2 * spatial)
     elif auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        if symbols.free_symbols(list(in_shape)):
+            refuse(low, f"auto_pad={auto_pad} over sizes known only per call {list(in_shape)}")
         begin, end = [], []
         for size, k, s, d in zip(in_shape, kernel, strides, dilations):
             out = -(-size // s)
@@ -314,9 +324,21 @@ def _pads(low, attrs, spatial: int, in_shape, kernel, strides, dilations) -> lis
         pads = begin + end
     else:
         refuse(low, f"auto_pad={auto_pad!r}")
-    if pads[:spatial] != pads[spatial:]:
-        refuse(low, f"asymmetric padding {pads}")
-    return pads[:spatial]
+    if len(pads) != 2 * spatial or any(p < 0 for p in pads):
+        refuse(low, f"pads {pads} for {spatial} spatial dims")
+    return pads[:spatial], pads[spatial:]
+
+
+def _pad_unequal_part(low, x, begin: list, end: list, fill: float, most=None):
+    """The IR's convolution and pooling pad both sides of a dim equally (pooling by at most
+    half its window, `most`): `x` padded explicitly by the rest (with `fill`), and the
+    padding both sides share, for the op's own."""
+    shared = [min(b, e, m) for b, e, m in zip(begin, end, most or begin)]
+    extra = {2 + i: (b - s, e - s) for i, (b, e, s) in enumerate(zip(begin, end, shared))
+             if (b, e) != (s, s)}
+    if extra:
+        x = padding.pad(low.emit1, x, extra, "constant", fill)
+    return x, shared
 
 
 @handles("Conv")
@@ -330,31 +352,78 @@ def _conv(low, node, ins, attrs):
     kernel = list(attrs.get("kernel_shape", w.type.shape[2:]))
     strides = list(attrs.get("strides", [1] * spatial))
     dilations = list(attrs.get("dilations", [1] * spatial))
-    padding = _pads(low, attrs, spatial, x.type.shape[2:], kernel, strides, dilations)
+    begin, end = _pads(low, attrs, spatial, x.type.shape[2:], kernel, strides, dilations)
+    x, padding = _pad_unequal_part(low, x, begin, end, 0.0)
     conv_attrs = {"stride": strides, "padding": padding, "dilation": dilations,
                   "groups": attrs.get("group", 1)}
     return [low.emit1("conv", [x, w] + ([bias] if bias is not None else []), conv_attrs)]
 
 
+def _pool_window(low, node, attrs, x):
+    """The 2-d window of MaxPool or AveragePool: kernel, strides, dilations, padding
+    before and after, and whether the IR's pooling takes that padding as its own (equal
+    sides, at most half the window); refusing what it does not do exactly."""
+    need_float(low, x)
+    if x.type.rank != 4:
+        refuse(low, f"{x.type.rank - 2}-d pooling (2-d only)")
+    kernel = list(attrs["kernel_shape"])
+    strides = list(attrs.get("strides", [1, 1]))
+    dilations = list(attrs.get("dilations", [1, 1]))
+    begin, end = _pads(low, attrs, 2, x.type.shape[2:], kernel, strides, dilations)
+    if any(p >= (k - 1) * d + 1 for p, k, d in zip(begin + end, kernel * 2, dilations * 2)):
+        refuse(low, f"padding {begin + end} as wide as the window {kernel} (dilations "
+                    f"{dilations}): a window could hold padding only")
+    own = begin == end and all(p <= k // 2 for p, k in zip(begin, kernel))
+    if not own and attrs.get("ceil_mode", 0):
+        refuse(low, f"ceil_mode=1 with padding {begin + end} the pooling cannot take as "
+                    f"its own (unequal, or more than half the window {kernel})")
+    return kernel, strides, dilations, begin, end, own
+
+
 @handles("MaxPool")
 def _max_pool(low, node, ins, attrs):
     x = ins[0]
-    need_float(low, x)
-    if x.type.rank != 4:
-        refuse(low, f"{x.type.rank - 2}-d max pooling (2-d only)")
     if len([o for o in node.output if o]) > 1:
         refuse(low, "the Indices output")
     if attrs.get("storage_order", 0):
         refuse(low, "storage_order=1")
-    kernel = list(attrs["kernel_shape"])
-    strides = list(attrs.get("strides", [1, 1]))
-    dilations = list(attrs.get("dilations", [1, 1]))
-    padding = _pads(low, attrs, 2, x.type.shape[2:], kernel, strides, dilations)
-    if any(p > k // 2 for p, k in zip(padding, kernel)):
-        refuse(low, f"padding {padding} wider than half the kernel {kernel}")
+    kernel, strides, dilations, begin, end, _ = _pool_window(low, node, attrs, x)
+    x, own = _pad_unequal_part(low, x, begin, end, -math.inf, [k // 2 for k in kernel])
     return [low.emit1("max_pool2d", [x], {"kernel": kernel, "stride": strides,
-                                          "padding": padding, "dilation": dilations,
+                                          "padding": own, "dilation": dilations,
                                           "ceil_mode": bool(attrs.get("ceil_mode", 0))})]
+
+
+@handles("AveragePool")
+def _average_pool(low, node, ins, attrs):
+    """ONNX's average pooling leaves the padding out of each window's count unless
+    count_include_pad=1 (torch's default is the other way). Padding the IR's pooling
+    cannot take is explicit zeros, so with count_include_pad=0 each output is then scaled
+    by its window's share of input cells, computed at import."""
+    x = ins[0]
+    kernel, strides, dilations, begin, end, own = _pool_window(low, node, attrs, x)
+    if dilations != [1, 1]:
+        refuse(low, f"dilations {dilations}")
+    include_pad = bool(attrs.get("count_include_pad", 0))
+    window = {"kernel": kernel, "stride": strides, "padding": begin,
+              "ceil_mode": bool(attrs.get("ceil_mode", 0)), "count_include_pad": include_pad}
+    if own:
+        return [low.emit1("avg_pool2d", [x], window)]
+    if include_pad:
+        x, window["padding"] = _pad_unequal_part(low, x, begin, end, 0.0,
+                                                 [k // 2 for k in kernel])
+        return [low.emit1("avg_pool2d", [x], window)]
+    if symbols.free_symbols(list(x.type.shape[2:])):
+        refuse(low, f"padding {begin + end} over sizes known only per call")
+    counts = {2 + i: (b, e) for i, (b, e) in enumerate(zip(begin, end))}
+    padded = padding.pad(low.emit1, x, counts, "constant", 0.0)
+    pooled = low.emit1("avg_pool2d", [padded], {**window, "padding": [0, 0],
+                                                "count_include_pad": True})
+    ones = torch.nn.functional.pad(torch.ones([1, 1, *x.type.shape[2:]], dtype=torch.float64),
+                                   [begin[1], end[1], begin[0], end[0]])
+    share = torch.nn.functional.avg_pool2d(ones, kernel, strides)  # > 0: padding < window
+    scale = low.constant((1.0 / share).to(x.type.dtype), "average_pool_scale")
+    return [low.emit1("mul", [pooled, scale])]
 
 
 @handles("GlobalAveragePool", "GlobalMaxPool")

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 
-from ..ir import symbols
+from ..ir import padding, symbols
 from .errors import where
 from .importer import handles
 from .ops_math import axis_of, refuse
@@ -190,10 +190,13 @@ def _slice(low, node, ins, attrs):
     axes = low.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
     steps = low.ints(ins[4], "steps") if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
     for start, end, axis, step in zip(starts, ends, axes, steps):
-        if symbols.is_symbolic(step) or step <= 0:
-            refuse(low, "negative, zero or symbolic steps")
+        if symbols.is_symbolic(step) or step == 0:
+            refuse(low, "zero or symbolic steps")
         dim = axis_of(low, axis, rank)
         size = x.type.shape[dim]
+        if step < 0:
+            x = _slice_backwards(low, x, dim, start, end, step)
+            continue
         if symbols.free_symbols([start, end, size]):  # the IR's rule clamps what it can
             x = low.emit1("slice", [x], {"dim": dim, "start": start, "end": end, "step": step})
             continue
@@ -202,6 +205,57 @@ def _slice(low, node, ins, attrs):
         end = max(end, start)
         x = low.emit1("slice", [x], {"dim": dim, "start": start, "end": end, "step": step})
     return [x]
+
+
+@handles("Pad")
+def _pad(low, node, ins, attrs):
+    """Constant padding as the IR's cat with constant blocks (which a following
+    convolution takes as its own padding); reflect, edge and wrap as an index_select of
+    source positions. Negative counts crop."""
+    x = ins[0]
+    mode = attrs.get("mode", "constant")
+    if isinstance(mode, bytes):
+        mode = mode.decode()
+    if mode not in padding.MODES:
+        refuse(low, f"mode={mode!r}")
+    counts = low.ints(ins[1], "pads")
+    rank = x.type.rank
+    axes = low.ints(ins[3], "axes") if len(ins) > 3 and ins[3] is not None else list(range(rank))
+    if len(counts) != 2 * len(axes):
+        refuse(low, f"{len(counts)} pads for {len(axes)} axes")
+    if symbols.free_symbols(list(counts)):
+        refuse(low, f"pads known only per call {counts}")
+    dims = [axis_of(low, a, rank) for a in axes]
+    if len(set(dims)) != len(dims):
+        refuse(low, f"repeated axes {axes}")
+    value = 0
+    if len(ins) > 2 and ins[2] is not None:
+        known = low.require_const(ins[2], "constant_value")
+        if known.numel() != 1:
+            refuse(low, f"a constant_value of {known.numel()} elements")
+        value = known.item()
+    if mode != "constant" and symbols.free_symbols([x.type.shape[d] for d in dims]):
+        refuse(low, f"{mode} padding of sizes known only per call")
+    by_dim = {d: (counts[i], counts[i + len(dims)]) for i, d in enumerate(dims)}
+    try:
+        return [padding.pad(low.emit1, x, by_dim, mode, value,
+                            constant=lambda t: low.constant(t, "pad_positions"))]
+    except ValueError as error:
+        refuse(low, str(error))
+
+
+def _slice_backwards(low, x, dim: int, start, end, step: int):
+    """A negative step (torch.onnx reverses its pad list so) as an index_select of the
+    positions it visits: from start (clamped into the dim) down to, not including, end
+    (clamped to one before the first element)."""
+    size = x.type.shape[dim]
+    if symbols.free_symbols([start, end, size]):
+        refuse(low, "a negative step over sizes known only per call")
+    start = min(max(start + size if start < 0 else start, 0), size - 1)
+    end = min(max(end + size if end < 0 else end, -1), size - 1)
+    positions = torch.tensor(list(range(start, end, step)) if size else [], dtype=torch.int64)
+    return low.emit1("index_select", [x, low.constant(positions, "slice_positions")],
+                     {"dim": dim})
 
 
 def _normalized_indices(low, indices, size: int):

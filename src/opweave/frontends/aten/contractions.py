@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ...ir import padding
 from ..lowering import Unsupported, lowers
 from .common import _pair, _shape, aten, reads_output
 from .layout import _expand, reshape
@@ -135,29 +136,11 @@ def _tile_mean(ctx, v, kernel):
 
 @lowers(aten.constant_pad_nd.default)
 def _constant_pad_nd(ctx, x, pad, value=0):
-    """Padding (pairs of before/after counts from the last dim backwards) as a cat with
-    constant blocks; negative counts crop."""
+    """Padding (pairs of before/after counts from the last dim backwards) as the IR spells
+    it (`ir.padding`): a cat with constant blocks; negative counts crop."""
     v = ctx.value(x)
-    for i in range(len(pad) // 2):
-        dim = v.type.rank - 1 - i
-        before, after = pad[2 * i], pad[2 * i + 1]
-        if before < 0 or after < 0:
-            size = v.type.shape[dim]
-            v = ctx.add1("slice", [v], {"dim": dim, "start": max(-before, 0),
-                                        "end": size - max(-after, 0), "step": 1})
-            before, after = max(before, 0), max(after, 0)
-        parts = []
-        for count, at_end in ((before, False), (after, True)):
-            if count:
-                shape = _shape(v)
-                shape[dim] = count
-                block = ctx.add1("full", [], {"shape": shape, "value": value,
-                                              "dtype": v.type.dtype})
-                parts.append((at_end, block))
-        if parts:
-            pieces = [b for end, b in parts if not end] + [v] + [b for end, b in parts if end]
-            v = ctx.add1("cat", pieces, {"dim": dim})
-    return v
+    counts = {v.type.rank - 1 - i: (pad[2 * i], pad[2 * i + 1]) for i in range(len(pad) // 2)}
+    return padding.pad(ctx.add1, v, counts, "constant", value)
 
 
 @lowers(aten.convolution_backward.default)
