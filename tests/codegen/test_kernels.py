@@ -378,7 +378,9 @@ def _refuse(*_):
     ((1, 64, 112, 112), 3, 2, 1, False),   # ResNet's
     ((2, 5, 9, 11), 3, 2, 1, True),        # a last window past the input (ceil mode)
     ((1, 300, 7, 6), 2, 1, 0, False),      # many channels, every row parallel
-    ((1, 3, 8, 8), (3, 2), (2, 3), (1, 0), False)])
+    ((1, 3, 8, 8), (3, 2), (2, 3), (1, 0), False),
+    ((1, 64, 147, 147), 3, 2, 0, False),   # Inception-v3's, parallel by its size
+    ((1, 2, 3, 9000), 3, 2, 1, False)])    # rows too wide for the column maxima's stack
 def test_max_pool_kernel_matches_torch_in_both_layouts(shape, kernel, stride, padding, ceil):
     """Max pooling as a generated kernel: padding is a window clipped to the input, a NaN in
     a window is its maximum; on a channels-last input it writes a channels-last output."""

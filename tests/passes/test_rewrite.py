@@ -199,6 +199,41 @@ def test_folded_constants_are_computed_only_when_read():
     assert lazy[0] not in store._pending and store.data(lazy[0]) is data
 
 
+def _conv_bn_stack(layers: int) -> Graph:
+    """conv + batch norm + ReLU, `layers` times over a small image."""
+    torch.manual_seed(0)
+    g = Graph("conv_bn_stack")
+    x = g.add_input("x", TensorType((1, 4, 6, 6), F32))
+    for i in range(layers):
+        w = g.add_constant(f"w{i}", torch.randn(4, 4, 3, 3) / 6)
+        stats = [g.add_constant(f"{name}{i}", data) for name, data in
+                 (("gamma", torch.rand(4) + 0.5), ("beta", torch.randn(4)),
+                  ("mean", torch.randn(4)), ("var", torch.rand(4) + 0.5))]
+        conv = g.add1("conv", [x, w], {"stride": [1, 1], "padding": [1, 1],
+                                       "dilation": [1, 1], "groups": 1})
+        x = g.add1("relu", [g.add1("batch_norm", [conv, *stats])])
+    g.outputs = [x]
+    return g
+
+
+def test_constant_folding_is_never_banned_and_a_sat_out_rule_is_not_saturation():
+    """Folding a batch norm into its convolution leaves weight arithmetic that constant
+    folding must finish. Folding matches every e-node, so on a graph past the match budget
+    the backoff scheduler banned it, and the iteration it sat out was taken for
+    saturation: Inception-v3 kept 73 of its 94 batch norms, computed at every call."""
+    from opweave.passes.rewrite.saturate import Limits
+
+    g = _conv_bn_stack(12)
+    # the e-graph passes the budget after the first iteration, as Inception-v3's passes 1,000
+    tight = RewriteOptions(limits=Limits(match_budget=80))
+    new, report = rewrite(g, tight)
+    counts = new.op_counts()
+    assert counts.get("conv") == 12 and "batch_norm" not in counts, counts
+    assert not {"rsqrt", "mul", "add", "sqrt", "div", "reshape"} & set(counts), counts
+    assert "saturated" in report.detail
+    _same_results(g, new, torch.randn(1, 4, 6, 6))
+
+
 def _gelu_module(spelling):
     """A linear layer, a written-out GELU, a linear layer (GPT-2's MLP)."""
     class MLP(torch.nn.Module):

@@ -146,6 +146,13 @@ class Rule:
     def priority(self) -> int:
         return RULESETS[self.ruleset][0]
 
+    @property
+    def may_be_banned(self) -> bool:
+        """Whether the backoff scheduler may ban it for matching too often: every rule but
+        constant folding, which matches every e-node (so a graph of a thousand nodes would
+        pass any budget) and shrinks what it matches rather than growing the graph."""
+        return self.ruleset != "fold"
+
     def apply(self, b: Builder, m: Match) -> list[int]:
         """The replacement class per root; raises Reject when the rule does not apply or
         the replacement's type differs from the root's."""
