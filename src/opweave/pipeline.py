@@ -97,10 +97,20 @@ def _gemm_layout(graph: Graph, options: Options):
     return (copy if changed else graph), f"{changed} GEMM weight(s) stored transposed"
 
 
+def _batchnorm_affine(graph: Graph, options: Options):
+    from .passes.batchnorm_affine import batch_norm_as_affine
+
+    # edits in place, so on a copy, as the GEMM layout pass does
+    copy = parse_graph(print_graph(graph), dict(graph.constants))
+    changed = batch_norm_as_affine(copy)
+    return (copy if changed else graph), f"{changed} batch norm(s) as scale and shift"
+
+
 GRAPH_PASSES: tuple[Pass, ...] = (
     Pass("verify", _verify),
     Pass("rewrite", _rewrite, optional=True),
     Pass("gemm-layout", _gemm_layout, optional=True),
+    Pass("batchnorm-affine", _batchnorm_affine, optional=True),
 )
 
 

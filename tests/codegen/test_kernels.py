@@ -313,6 +313,49 @@ def test_layout_free_kernel_keeps_channels_last_without_copies():
 
 
 @needs_gxx
+def test_broadcast_kernel_walks_channels_last_inputs_as_they_lie():
+    """A per-channel scale and shift, a ReLU and a squeeze-excitation gate ([N, C, 1, 1]):
+    on channels-last activations the kernel's N, H, W, C walk reads them in place and
+    writes channels-last, where the row-major walk made a row-major copy of each (the
+    convolution after it then copied back)."""
+    torch.manual_seed(0)
+    g = Graph("affine")
+    x = g.add_input("x", TensorType((2, 8, 5, 7), F32))
+    gate = g.add_input("gate", TensorType((2, 8, 1, 1), F32))
+    scale = g.add_constant("scale", torch.randn(8, 1, 1))
+    shift = g.add_constant("shift", torch.randn(8, 1, 1))
+    y = g.add1("relu", [g.add1("add", [g.add1("mul", [x, scale]), shift])])
+    g.outputs = [g.add1("mul", [y, gate])]
+    lowered = lower(g, "ilp", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "cpp"]
+    assert step.fn.source.channels_last_name is not None
+    data, gates = torch.randn(2, 8, 5, 7), torch.rand(2, 8, 1, 1)
+    (want,) = Executor(g)(data, gates)
+    cl = data.contiguous(memory_format=torch.channels_last)
+    (got,) = Executor(g, steps=lowered.steps)(cl, gates)
+    assert got.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    (got,) = Executor(g, steps=lowered.steps)(data, gates)  # row-major stays row-major
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+@needs_gxx
+def test_an_input_broadcast_along_channels_and_a_spatial_axis_has_no_channels_last_walk():
+    g = Graph("row_scale")
+    x = g.add_input("x", TensorType((1, 8, 5, 7), F32))
+    rows = g.add_input("rows", TensorType((1, 8, 5, 1), F32))
+    g.outputs = [g.add1("relu", [g.add1("mul", [x, rows])])]
+    lowered = lower(g, "ilp", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "cpp"]
+    assert step.fn.source.channels_last_name is None
+    data, r = torch.randn(1, 8, 5, 7).contiguous(memory_format=torch.channels_last), \
+        torch.randn(1, 8, 5, 1)
+    torch.testing.assert_close(Executor(g, steps=lowered.steps)(data, r)[0],
+                               torch.relu(data * r))
+
+
+@needs_gxx
 def test_layer_norm_statistics_read_in_its_own_group_stay_unfused():
     """Found by opweave fuzz (a training graph): a pointwise op reading layer norm's mean
     was fused with it, and the row kernel has no mean to hand over (fusion crashed)."""

@@ -27,6 +27,7 @@ from ..ir.graph import Node, Value
 from ..partition.classify import Fusible, is_column_sum, iteration_shape
 
 PARALLEL_MIN = 32768  # elements below which a kernel runs on one thread
+CHANNELS_LAST = (0, 2, 3, 1)  # N, C, H, W walked as N, H, W, C
 
 
 @dataclass
@@ -48,6 +49,9 @@ class KernelSource:
     # (row-major), or a channels-last one where `channels_last_out`
     channels_last_name: str | None = None
     channels_last_out: bool = False
+    # the inputs (positions) that must be channels-last for it, the others row-major;
+    # None: all of them (a template's one input)
+    dense_inputs: tuple[int, ...] | None = None
     # the same kernel on bfloat16 tensors (row-major, channels-last), where its result on
     # a bf16 input is exactly its float32 result rounded (max pooling: codegen/templates)
     bf16_names: tuple[str, str | None] | None = None
@@ -65,11 +69,13 @@ class GroupEmitter:
 
     int_div = "/"  # integer division of non-negative row numbers
 
-    def __init__(self, graph: Graph, members: list[Node], escapes):
+    def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
         self.members = members
         self.inside = set(members)
-        self.shape = iteration_shape(members[0])  # legality: one space for all members
+        # legality: one space for all members; walked as N, H, W, C for `channels_last`
+        self.perm = CHANNELS_LAST if channels_last else None
+        self.shape = self.shape_of(iteration_shape(members[0]))
         self.cols = self.shape[-1] if self.shape else 1
         self.rows = math.prod(self.shape[:-1]) if self.shape else 1
         self.inputs: list[Value] = []
@@ -85,12 +91,22 @@ class GroupEmitter:
                 else:
                     self.inputs.append(v)
         self.names = {v: f"t{i}" for i, v in enumerate(v for n in members for v in n.outputs[:1])}
-        self.elementwise = all(v.type.shape == self.shape for v in self.inputs) and not any(
+        self.elementwise = not channels_last and all(
+            v.type.shape == self.shape for v in self.inputs) and not any(
             n.op in ROW_REDUCE_OPS | ROW_SUM_OPS for n in members)
         if self.elementwise:
             # Nothing is broadcast: one flat loop, split across threads and vectorized
             # as a whole (NCHW rows of 7 or 56 elements vectorize poorly).
             self.rows, self.cols = 1, math.prod(self.shape)
+
+    def shape_of(self, v: Value | tuple) -> tuple:
+        """A value's shape (or a shape) in the order the kernel walks it: as declared, or
+        padded to 4-D and permuted to N, H, W, C."""
+        shape = tuple(v.type.shape) if isinstance(v, Value) else tuple(v)
+        if self.perm is None:
+            return shape
+        shape = (1,) * (4 - len(shape)) + shape
+        return tuple(shape[p] for p in self.perm)
 
     def arg(self, v: Value) -> str:
         return f"a{len(self.outputs) + self.inputs.index(v)}"
@@ -109,7 +125,7 @@ class GroupEmitter:
     def index(self, v: Value) -> str:
         if self.elementwise:  # every input has the full shape: flat indexing
             return "j"
-        shape = v.type.shape
+        shape = self.shape_of(v)
         full = self.shape
         pad = (1,) * (len(full) - len(shape)) + tuple(shape)
         strides, s = [], 1
@@ -239,6 +255,45 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     em = GroupEmitter(graph, members, escapes)
     reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
     threads = "auto" if schedule is None else schedule.threads
+    lines = _function(em, members, reduce, threads)
+    attributes = "" if schedule is None else schedule.attributes()
+    digest = hashlib.sha256("\n".join(lines).encode() + attributes.encode()).hexdigest()[:16]
+    name = f"ow_k_{digest}"
+    src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
+    layout_free = em.elementwise
+    dense = channels_last_dense_inputs(em, reduce)
+    if dense is None:
+        return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
+    walked = GroupEmitter(graph, members, escapes, channels_last=True)
+    src += (f'extern "C" {attributes}void {name}_cl(void** args) {{\n'
+            + "\n".join(_function(walked, members, None, threads)) + "\n}\n")
+    return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
+                        channels_last_name=f"{name}_cl", channels_last_out=True,
+                        dense_inputs=dense)
+
+
+def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | None:
+    """Where a 4-D group without reductions broadcasts some input (a per-channel scale,
+    shift or gate), the positions of its full-shape inputs: walked as N, H, W, C, the
+    kernel reads those channels-last and the others in place, and writes channels-last.
+    None where that is not so: an input broadcast both along the channels and along a
+    spatial axis ([1, C, H, 1]) is not in the walk's order in memory."""
+    if reduce is not None or em.elementwise or len(em.shape) != 4 or not em.inputs:
+        return None
+    if any(tuple(v.type.shape) != em.shape for v in em.outputs):
+        return None
+    dense = []
+    for i, v in enumerate(em.inputs):
+        shape = (1,) * (4 - v.type.rank) + tuple(v.type.shape)
+        if shape == em.shape:
+            dense.append(i)
+        elif shape[1] != 1 and shape[2:] != (1, 1):
+            return None
+    return tuple(dense) or None
+
+
+def _function(em: GroupEmitter, members, reduce, threads: str) -> list[str]:
+    """The lines of one kernel function's body."""
     lines = []
     for i, v in enumerate(em.outputs):
         lines.append(f"  float* __restrict a{i} = (float*)args[{i}];")
@@ -264,12 +319,7 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
         lines += _row_sum_kernel(em, members, reduce, par)
     else:
         lines += _row_kernel(em, members, reduce, par)
-    attributes = "" if schedule is None else schedule.attributes()
-    digest = hashlib.sha256("\n".join(lines).encode() + attributes.encode()).hexdigest()[:16]
-    name = f"ow_k_{digest}"
-    src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
-    layout_free = em.elementwise
-    return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
+    return lines
 
 
 def _condition(threads: str, auto: str, team: str | None) -> str | None:

@@ -144,6 +144,24 @@ class Graph:
         self.constants = {k: v for k, v in self.constants.items() if k in used}
         return removed
 
+    def reorder(self) -> None:
+        """Restore topological order after a pass appended nodes that earlier nodes now
+        read (keeping the given order where it already is one)."""
+        placed, order = set(self.inputs), []
+        pending = list(self.nodes)
+        while pending:
+            rest = []
+            for node in pending:
+                if all(v in placed for v in node.inputs):
+                    order.append(node)
+                    placed.update(node.outputs)
+                else:
+                    rest.append(node)
+            if len(rest) == len(pending):
+                raise AssertionError(f"graph {self.name} has a cycle")
+            pending = rest
+        self.nodes = order
+
     def __str__(self) -> str:
         from .text import print_graph
 

@@ -47,24 +47,6 @@ def transpose_gemm_weights(graph: Graph) -> int:
             changed += 1
         node.inputs[1] = replacements[weight]
     if changed:
-        _reorder(graph)
+        graph.reorder()
         graph.remove_dead()
     return changed
-
-
-def _reorder(graph: Graph) -> None:
-    """Restore topological order after appending nodes that earlier nodes now read."""
-    placed, order = set(graph.inputs), []
-    pending = list(graph.nodes)
-    while pending:
-        rest = []
-        for node in pending:
-            if all(v in placed for v in node.inputs):
-                order.append(node)
-                placed.update(node.outputs)
-            else:
-                rest.append(node)
-        if len(rest) == len(pending):
-            raise AssertionError("cycle while reordering after the GEMM layout pass")
-        pending = rest
-    graph.nodes = order
