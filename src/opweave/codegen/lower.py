@@ -117,7 +117,8 @@ def tile_mean_step(node: Node) -> Step | None:
         return None
     n, c, h, w = x.type.shape
     kh, kw = split.type.shape[3], split.type.shape[5]
-    if tuple(split.type.shape) != (n, c, h // kh, kh, w // kw, kw) or h % kh or w % kw \
+    if kh < 1 or kw < 1 or h % kh or w % kw \
+            or tuple(split.type.shape) != (n, c, h // kh, kh, w // kw, kw) \
             or sorted(d % 6 for d in node.attrs["dims"]) != [3, 5]:
         return None
     return Step(lambda t: [torch.nn.functional.avg_pool2d(t, (kh, kw))], [x],
@@ -494,7 +495,6 @@ class CppKernel:
             CppKernel.recording(address, [*outs, *ins])
         fn(self.argv(*[t.data_ptr() for t in outs], *[t.data_ptr() for t in ins]))
         return outs
-
 
     def _channels_last(self, inputs) -> bool:
         """Whether its channels-last form takes these inputs: all of them channels-last,

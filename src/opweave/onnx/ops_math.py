@@ -359,7 +359,7 @@ def _conv(low, node, ins, attrs):
     return [low.emit1("conv", [x, w] + ([bias] if bias is not None else []), conv_attrs)]
 
 
-def _pool_window(low, node, attrs, x):
+def _pool_window(low, attrs, x):
     """The 2-d window of MaxPool or AveragePool: kernel, strides, dilations, padding
     before and after, and whether the IR's pooling takes that padding as its own (equal
     sides, at most half the window); refusing what it does not do exactly."""
@@ -387,7 +387,7 @@ def _max_pool(low, node, ins, attrs):
         refuse(low, "the Indices output")
     if attrs.get("storage_order", 0):
         refuse(low, "storage_order=1")
-    kernel, strides, dilations, begin, end, _ = _pool_window(low, node, attrs, x)
+    kernel, strides, dilations, begin, end, _ = _pool_window(low, attrs, x)
     x, own = _pad_unequal_part(low, x, begin, end, -math.inf, [k // 2 for k in kernel])
     return [low.emit1("max_pool2d", [x], {"kernel": kernel, "stride": strides,
                                           "padding": own, "dilation": dilations,
@@ -401,7 +401,7 @@ def _average_pool(low, node, ins, attrs):
     cannot take is explicit zeros, so with count_include_pad=0 each output is then scaled
     by its window's share of input cells, computed at import."""
     x = ins[0]
-    kernel, strides, dilations, begin, end, own = _pool_window(low, node, attrs, x)
+    kernel, strides, dilations, begin, end, own = _pool_window(low, attrs, x)
     if dilations != [1, 1]:
         refuse(low, f"dilations {dilations}")
     include_pad = bool(attrs.get("count_include_pad", 0))
