@@ -88,22 +88,26 @@ def _rewrite(graph: Graph, options: Options):
     return rewrite(graph, options.rewrite)
 
 
+def _on_a_copy(edit, graph: Graph) -> tuple[Graph, int]:
+    """`edit` (a pass that edits in place and counts its changes) run on a copy, so that a
+    failure leaves its input whole; the copy where it changed anything."""
+    copy = parse_graph(print_graph(graph), dict(graph.constants))
+    changed = edit(copy)
+    return (copy if changed else graph), changed
+
+
 def _gemm_layout(graph: Graph, options: Options):
     from .passes.gemm_layout import transpose_gemm_weights
 
-    # the pass edits in place: it works on a copy, so a failure leaves its input whole
-    copy = parse_graph(print_graph(graph), dict(graph.constants))
-    changed = transpose_gemm_weights(copy)
-    return (copy if changed else graph), f"{changed} GEMM weight(s) stored transposed"
+    graph, changed = _on_a_copy(transpose_gemm_weights, graph)
+    return graph, f"{changed} GEMM weight(s) stored transposed"
 
 
 def _batchnorm_affine(graph: Graph, options: Options):
     from .passes.batchnorm_affine import batch_norm_as_affine
 
-    # edits in place, so on a copy, as the GEMM layout pass does
-    copy = parse_graph(print_graph(graph), dict(graph.constants))
-    changed = batch_norm_as_affine(copy)
-    return (copy if changed else graph), f"{changed} batch norm(s) as scale and shift"
+    graph, changed = _on_a_copy(batch_norm_as_affine, graph)
+    return graph, f"{changed} batch norm(s) as scale and shift"
 
 
 GRAPH_PASSES: tuple[Pass, ...] = (

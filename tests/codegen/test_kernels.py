@@ -423,7 +423,7 @@ def _refuse(*_):
     ((1, 300, 7, 6), 2, 1, 0, False),      # many channels, every row parallel
     ((1, 3, 8, 8), (3, 2), (2, 3), (1, 0), False),
     ((1, 64, 147, 147), 3, 2, 0, False),   # Inception-v3's, parallel by its size
-    ((1, 2, 3, 9000), 3, 2, 1, False)])    # rows too wide for the column maxima's stack
+    ((1, 2, 3, 9000), 3, 2, 1, False)])    # rows too wide: the column maxima on the heap
 def test_max_pool_kernel_matches_torch_in_both_layouts(shape, kernel, stride, padding, ceil):
     """Max pooling as a generated kernel: padding is a window clipped to the input, a NaN in
     a window is its maximum; on a channels-last input it writes a channels-last output."""

@@ -27,7 +27,7 @@ from .render import KernelSource
 
 PARALLEL_ROWS = 256  # (batch x channel) rows from which the kernel runs on the team
 PARALLEL_ELEMENTS = 1 << 16  # or input elements from which it does
-MAX_STACK_COLUMNS = 8192  # the row-major kernel keeps 5 bytes per input column on the stack
+MAX_STACK_COLUMNS = 8192  # the row-major kernel's column maxima (5 bytes each) on the stack
 MAX_STACK_CHANNELS = 4096  # the channels-last kernel keeps 5 bytes per channel on the stack
 
 
@@ -133,19 +133,21 @@ def _row_major_pool(lead, height, width, hs, he, ws, we, e: _Element) -> list[st
     output's maximum across its window's columns of those: a loop over the few elements
     of one window's row, vectorized (with its reduction's set-up and tail) per window,
     took 5 ns an element (Inception-v3's 3x3/2 pooling of [1, 64, 147, 147]: 15.7 ms,
-    against torch's 6.2). Rows wider than `MAX_STACK_COLUMNS` keep the per-window loop."""
-    if width > MAX_STACK_COLUMNS:
-        return _per_window_pool(lead, height, width, hs, he, ws, we, e)
+    against torch's 6.2). The column maxima live on the stack, or on the heap for rows
+    wider than `MAX_STACK_COLUMNS`."""
     oh, ow = len(hs), len(ws)
     rows = math.prod(lead)
+    columns = ([f"    {e.acc} column[{width}];", f"    unsigned char column_nan[{width}];"]
+               if width <= MAX_STACK_COLUMNS else
+               [f"    std::vector<{e.acc}> column({width});",
+                f"    std::vector<unsigned char> column_nan({width});"])
     return [
         *_pointers_and_windows(hs, he, ws, we, e),
         *_team_pragma(rows, rows, rows * height * width),
         f"  for (int64_t r = 0; r < {rows}; ++r) {{",
         f"    const {e.ctype}* plane = in + r * {height * width};",
         f"    {e.ctype}* o = out + r * {oh * ow};",
-        f"    {e.acc} column[{width}];",
-        f"    unsigned char column_nan[{width}];",
+        *columns,
         f"    for (int64_t i = 0; i < {oh}; ++i) {{",
         "      #pragma omp simd",
         f"      for (int64_t w = 0; w < {width}; ++w) {{ column[w] = {e.lowest}; column_nan[w] = 0; }}",
@@ -179,37 +181,6 @@ def _team_pragma(shares: int, rows: int, elements: int) -> list[str]:
     if shares < 2 or (rows < PARALLEL_ROWS and elements < PARALLEL_ELEMENTS):
         return []
     return ["  #pragma omp parallel for num_threads(ow_team())"]
-
-
-def _per_window_pool(lead, height, width, hs, he, ws, we, e: _Element) -> list[str]:
-    """The row-major body for rows too wide for the stack: each window's rows, each a
-    vectorized loop."""
-    oh, ow = len(hs), len(ws)
-    rows = math.prod(lead)
-    return [
-        *_pointers_and_windows(hs, he, ws, we, e),
-        *_team_pragma(rows, rows, rows * height * width),
-        f"  for (int64_t r = 0; r < {rows}; ++r) {{",
-        f"    const {e.ctype}* plane = in + r * {height * width};",
-        f"    {e.ctype}* o = out + r * {oh * ow};",
-        f"    for (int64_t i = 0; i < {oh}; ++i) {{",
-        f"      for (int64_t j = 0; j < {ow}; ++j) {{",
-        f"        {e.acc} m = {e.lowest};",
-        "        int nan = 0;",
-        "        for (int64_t h = hs[i]; h < he[i]; ++h) {",
-        f"          const {e.ctype}* line = plane + h * {width};",
-        "          #pragma omp simd reduction(max:m) reduction(|:nan)",
-        "          for (int64_t w = ws[j]; w < we[j]; ++w) {",
-        f"            const {e.acc} v = {e.key.format('line[w]')};",
-        "            m = v > m ? v : m;",
-        f"            nan |= {e.is_nan.format('line[w]')};",
-        "          }",
-        "        }",
-        f"        o[i * {ow} + j] = nan ? {e.nan} : {e.value.format('m')};",
-        "      }",
-        "    }",
-        "  }",
-    ]
 
 
 def _pointers_and_windows(hs, he, ws, we, e: _Element) -> list[str]:

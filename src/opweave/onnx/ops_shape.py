@@ -234,8 +234,6 @@ def _pad(low, node, ins, attrs):
         if known.numel() != 1:
             refuse(low, f"a constant_value of {known.numel()} elements")
         value = known.item()
-    if mode != "constant" and symbols.free_symbols([x.type.shape[d] for d in dims]):
-        refuse(low, f"{mode} padding of sizes known only per call")
     by_dim = {d: (counts[i], counts[i + len(dims)]) for i, d in enumerate(dims)}
     try:
         return [padding.pad(low.emit1, x, by_dim, mode, value,

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from ..ir import Graph, Node
+from ..ir import Graph
+from ..partition.classify import constant_of
 
 
 def batch_norm_as_affine(graph: Graph) -> int:
@@ -27,7 +28,7 @@ def batch_norm_as_affine(graph: Graph) -> int:
     for node in list(graph.nodes):
         if node.op != "batch_norm":
             continue
-        stats = [_constant(graph, v) for v in node.inputs[1:]]
+        stats = [constant_of(graph, v) for v in node.inputs[1:]]
         x = node.inputs[0]
         if any(s is None for s in stats) or x.type.rank < 2 or x.type.dtype != torch.float32:
             continue  # (in bf16 or fp16 the product and the shift would each be rounded)
@@ -37,10 +38,10 @@ def batch_norm_as_affine(graph: Graph) -> int:
         shape = [-1] + [1] * (x.type.rank - 2)
         name = node.outputs[0].name
         scaled = graph.add1("mul", [x, graph.add_constant(
-            f"{name}_scale", scale.to(x.type.dtype).reshape(shape), source=node.source)],
+            f"{name}_scale", scale.float().reshape(shape), source=node.source)],
             source=node.source)
         replaced[node.outputs[0]] = graph.add1("add", [scaled, graph.add_constant(
-            f"{name}_shift", shift.to(x.type.dtype).reshape(shape), source=node.source)],
+            f"{name}_shift", shift.float().reshape(shape), source=node.source)],
             source=node.source)
         changed += 1
     if changed:
@@ -51,9 +52,3 @@ def batch_norm_as_affine(graph: Graph) -> int:
         graph.remove_dead()
     return changed
 
-
-def _constant(graph: Graph, value) -> torch.Tensor | None:
-    producer: Node | None = value.producer
-    if producer is None or producer.op != "constant":
-        return None
-    return graph.constants[producer.attrs["name"]]

@@ -67,10 +67,10 @@ def saturate(dag: TermDag, rules: list[Rule], limits: Limits = Limits()) -> Satu
                 break
             if banned_until.get(rule.name, 0) >= iteration:
                 continue
-            budget = limits.match_budget << bans[rule.name] if rule.may_be_banned else None
-            matches = list(find(snap, rule.lhs, index,
-                                budget + 1 if budget is not None else sys.maxsize))
-            if budget is not None and len(matches) > budget:
+            budget = limits.match_budget << bans[rule.name]
+            limit = budget + 1 if rule.may_be_banned else sys.maxsize
+            matches = list(find(snap, rule.lhs, index, limit))
+            if rule.may_be_banned and len(matches) > budget:
                 banned_until[rule.name] = iteration + (1 << bans[rule.name])
                 bans[rule.name] += 1
                 continue
