@@ -307,6 +307,98 @@ def conv_backward_case(draw):
 
 
 @st.composite
+def conv_transpose_params(draw):
+    spatial = draw(st.sampled_from([1, 2]))
+    groups = draw(st.sampled_from([1, 2]))
+    cin, cout = groups * draw(st.integers(1, 2)), groups * draw(st.integers(1, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(spatial)]
+    stride = [draw(st.integers(1, 3)) for _ in range(spatial)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(spatial)]
+    padding = [draw(st.integers(0, (dilation[i] * (kernel[i] - 1)) // 2)) for i in range(spatial)]
+    output_padding = [draw(st.integers(0, max(stride[i], dilation[i]) - 1))
+                      for i in range(spatial)]
+    x = tensor([draw(st.integers(1, 2)), cin] + [draw(st.integers(1, 4)) for _ in range(spatial)],
+               torch.float64)
+    w = tensor([cin, cout // groups] + kernel, torch.float64)
+    attrs = {"stride": stride, "padding": padding, "output_padding": output_padding,
+             "dilation": dilation, "groups": groups}
+    return x, w, attrs
+
+
+def _conv_transpose_fn(attrs, dims):
+    fn = F.conv_transpose1d if dims == 1 else F.conv_transpose2d
+    return lambda x, w, b=None: fn(x, w, b, attrs["stride"], attrs["padding"],
+                                   attrs["output_padding"], attrs["groups"], attrs["dilation"])
+
+
+@st.composite
+def conv_transpose_case(draw):
+    x, w, attrs = draw(conv_transpose_params())
+    cout = w.shape[1] * attrs["groups"]
+    inputs = [x, w] + ([tensor([cout], x.dtype)] if draw(st.booleans()) else [])
+    return Case(inputs, attrs, _conv_transpose_fn(attrs, x.dim() - 2))
+
+
+@st.composite
+def conv_transpose_backward_case(draw):
+    x, w, attrs = draw(conv_transpose_params())
+    conv = _conv_transpose_fn(attrs, x.dim() - 2)
+    grad = tensor(conv(x, w).shape, x.dtype)
+    mask = draw(st.sampled_from([[1, 1, 1], [1, 1, 0], [0, 1, 1], [1, 0, 0]]))
+
+    def eager(grad, x, w):
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        b = torch.zeros(w.shape[1] * attrs["groups"], dtype=x.dtype, requires_grad=True)
+        grads = torch.autograd.grad(conv(xr, wr, b), (xr, wr, b), grad)
+        return tuple(g for g, m in zip(grads, mask) if m)
+    return Case([grad, x, w], {**attrs, "output_mask": mask}, eager)
+
+
+@st.composite
+def upsample_params(draw, bilinear: bool):
+    """A size or whole or fractional factors (torch's `interpolate` arguments) and the
+    IR attributes they lower to."""
+    x = tensor([draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 5)),
+                draw(st.integers(1, 5))], torch.float64)
+    kwargs = {"mode": "bilinear" if bilinear else "nearest"}
+    if bilinear:
+        kwargs["align_corners"] = draw(st.booleans())
+    if draw(st.booleans()):
+        size = [draw(st.integers(1, 9)), draw(st.integers(1, 9))]
+        kwargs["size"] = size
+        scales = [None, None]
+    else:
+        scales = [draw(st.sampled_from([0.5, 0.75, 1.0, 1.5, 2.0, 3.0])) for _ in range(2)]
+        size = [int(n * s) for n, s in zip(x.shape[2:], scales)]
+        if min(size) < 1:
+            scales, size = [2.0, 2.0], [n * 2 for n in x.shape[2:]]
+        kwargs["scale_factor"] = scales
+    attrs = {"size": size, "scales_h": scales[0], "scales_w": scales[1]}
+    if bilinear:
+        attrs["align_corners"] = kwargs["align_corners"]
+        if kwargs["align_corners"]:  # torch's kernel ignores the factors then
+            attrs["scales_h"] = attrs["scales_w"] = None
+    return x, attrs, lambda t: F.interpolate(t, **kwargs)
+
+
+@st.composite
+def upsample_case(draw, bilinear: bool):
+    x, attrs, fn = draw(upsample_params(bilinear))
+    return Case([x], attrs, fn)
+
+
+@st.composite
+def upsample_backward_case(draw, bilinear: bool):
+    x, attrs, fn = draw(upsample_params(bilinear))
+    grad = tensor(fn(x).shape, x.dtype)
+
+    def eager(grad):
+        xr = x.clone().requires_grad_()
+        return torch.autograd.grad(fn(xr), xr, grad)[0]
+    return Case([grad], {**attrs, "input_size": list(x.shape)}, eager)
+
+
+@st.composite
 def sparse_mm_case(draw):
     rows, cols, n = draw(st.integers(1, 6)), draw(st.integers(1, 6)), draw(st.integers(0, 4))
     dense = (torch.rand(rows, cols) < 0.4).float() * torch.randn(rows, cols)
@@ -612,6 +704,12 @@ CASES = {
     "reshape": reshape_case(), "permute": permute_case(), "expand": expand_case(),
     "slice": slice_case(), "cat": cat_case(),
     "matmul": matmul_case(), "conv": conv_case(), "conv_backward": conv_backward_case(),
+    "conv_transpose": conv_transpose_case(),
+    "conv_transpose_backward": conv_transpose_backward_case(),
+    "upsample_nearest2d": upsample_case(False),
+    "upsample_nearest2d_backward": upsample_backward_case(False),
+    "upsample_bilinear2d": upsample_case(True),
+    "upsample_bilinear2d_backward": upsample_backward_case(True),
     "sparse_mm": sparse_mm_case(), "attention": attention_case(),
     "attention_lse": attention_lse_case(), "attention_backward": attention_backward_case(),
     "max_pool2d": max_pool_case(), "max_pool2d_backward": max_pool_backward_case(),

@@ -17,10 +17,7 @@ from opweave import models
 from opweave.frontends import torch_dynamo
 
 # name -> the ops that run in eager (Coverage.fallback keys), and why; absent: none
-EXPECTED_FALLBACKS: dict[str, set[str]] = {
-    # the relative position bias is interpolated bilinearly: no resize op in the IR
-    "beit": {"aten.upsample_bilinear2d.vec"},
-}
+EXPECTED_FALLBACKS: dict[str, set[str]] = {}
 
 
 @functools.lru_cache(maxsize=None)

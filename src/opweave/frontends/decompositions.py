@@ -30,4 +30,8 @@ def decomposition_table() -> dict:
     # batch_norm_backward): its statistics reduce over all axes but the channel, which
     # no generated kernel fuses, so the primitives would only add passes over memory.
     table.pop(aten.native_batch_norm_backward.default, None)
+    # Nearest upsampling stays whole (IR ops upsample_nearest2d and its backward): its
+    # decomposition gathers with two index tensors, whose backward scatter-adds with them
+    # (index_put with two indices), which the IR does not take, so it ran in eager.
+    table.pop(aten.upsample_nearest2d.default, None)
     return table

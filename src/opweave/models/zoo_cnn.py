@@ -372,6 +372,37 @@ class RandWire(nn.Module):
         return self.fc(F.adaptive_avg_pool2d(self.head(x), 1).flatten(1))
 
 
+class UNet(nn.Module):
+    """U-Net (Ronneberger, Fischer & Brox, 2015): a contracting path of two 3x3 convs and a
+    2x2 max pool per level, an expanding path of a 2x2 up-convolution (transposed, stride
+    2), a concatenation with the contracting path's features and two 3x3 convs per level,
+    then a 1x1 conv to the classes. As it is commonly run today: padded convs (the output
+    has the input's size, no cropping) with batch norm after each."""
+
+    def __init__(self, width: float = 1.0, classes: int = 2, levels: int = 4):
+        super().__init__()
+        chans = [max(8, int(64 * width * 2 ** i)) for i in range(levels + 1)]
+
+        def double(cin, cout):
+            return nn.Sequential(_conv_bn(cin, cout, 3), _conv_bn(cout, cout, 3))
+        self.down = nn.ModuleList([double(3, chans[0])] +
+                                  [double(chans[i], chans[i + 1]) for i in range(levels)])
+        self.up = nn.ModuleList([nn.ConvTranspose2d(chans[i + 1], chans[i], 2, stride=2)
+                                 for i in reversed(range(levels))])
+        self.merge = nn.ModuleList([double(2 * chans[i], chans[i])
+                                    for i in reversed(range(levels))])
+        self.head = nn.Conv2d(chans[0], classes, 1)
+
+    def forward(self, x):
+        skips = []
+        for i, block in enumerate(self.down):
+            x = block(x if i == 0 else F.max_pool2d(x, 2))
+            skips.append(x)
+        for up, merge, skip in zip(self.up, self.merge, reversed(skips[:-1])):
+            x = merge(torch.cat([skip, up(x)], dim=1))
+        return self.head(x)
+
+
 def build(name: str, small: bool):
     """(module in eval mode, inputs, notes) for a classic CNN of the zoo."""
     side = 32 if small else 224
@@ -391,9 +422,12 @@ def build(name: str, small: bool):
     elif name == "randwire":
         side = 64 if small else 224
         module = RandWire(16, 8, 10) if small else RandWire()
+    elif name == "unet":
+        side = 64 if small else 256
+        module = UNet(0.125, 2, 3) if small else UNet()
     else:
         raise KeyError(name)
     return module.eval(), (torch.randn(1, 3, side, side),), f"{side}px"
 
 
-NAMES = ("vgg11", "squeezenet", "inception", "densenet", "inception3", "randwire")
+NAMES = ("vgg11", "squeezenet", "inception", "densenet", "inception3", "randwire", "unet")

@@ -109,6 +109,13 @@ SPECS: dict[str, tuple[str, str, str, dict, dict]] = {
                   dict(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 48],
                        num_attention_heads=[1, 1, 2, 2], image_size=64),
                   dict(image_size=512)),  # mit-b0 at 512x512
+    # its all-MLP decode head: each stage's features upsampled (bilinear) to a quarter of
+    # the image, concatenated, fused, classified per pixel
+    "segformer-seg": ("SegformerConfig", "SegformerForSemanticSegmentation", "image",
+                      dict(depths=[1, 1, 1, 1], hidden_sizes=[8, 16, 32, 48],
+                           num_attention_heads=[1, 1, 2, 2], image_size=64,
+                           decoder_hidden_size=32, num_labels=4),
+                      dict(image_size=512, num_labels=150)),  # mit-b0, ADE20k, 512x512
     "resnet18": ("ResNetConfig", "ResNetModel", "image",
                  dict(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
                       layer_type="basic", image_size=64),

@@ -157,6 +157,11 @@ def _write_node(w: _Writer, node: Node) -> None:
     elif op == "conv":
         w.op("Conv", ins, outs, strides=a["stride"], pads=list(a["padding"]) * 2,
              dilations=a["dilation"], group=a["groups"])
+    elif op == "conv_transpose":
+        w.op("ConvTranspose", ins, outs, strides=a["stride"], pads=list(a["padding"]) * 2,
+             dilations=a["dilation"], group=a["groups"], output_padding=a["output_padding"])
+    elif op in ("upsample_nearest2d", "upsample_bilinear2d"):
+        _resize(w, node, ins[0], outs[0])
     elif op == "max_pool2d" and not a["with_indices"]:
         w.op("MaxPool", ins, outs, kernel_shape=a["kernel"], strides=a["stride"],
              pads=list(a["padding"]) * 2, dilations=a["dilation"], ceil_mode=int(a["ceil_mode"]))
@@ -222,6 +227,29 @@ def _integer_pow(w: _Writer, args: list[str], out: str, dtype: torch.dtype) -> N
     zero = w.scalar(0, dtype, "zero")
     undefined = w.op1("And", [w.op1("Equal", [base, zero]), w.op1("Less", [exponent, zero])])
     w.op("Where", [undefined, zero, w.op1("Pow", args)], [out])
+
+
+def _resize(w: _Writer, node: Node, x: str, out: str) -> None:
+    """Upsampling as Resize: nearest as torch's (asymmetric coordinates, rounded down),
+    bilinear with torch's half-pixel or align-corners coordinates; the factors the user
+    gave where torch's kernel uses them, else the output sizes."""
+    a = node.attrs
+    n, c, h, w_in = node.inputs[0].type.shape
+    factors = np.array([a["scales_h"] or 0, a["scales_w"] or 0], np.float32)
+    # ONNX sizes its output from the factors rounded to float32, torch from the float64 ones
+    if a["scales_h"] is not None and a["scales_w"] is not None and \
+            not a.get("align_corners", False) and \
+            list(np.floor(factors.astype(np.float64) * [h, w_in])) == list(a["size"]):
+        scales = w.const(np.concatenate([np.ones(2, np.float32), factors]), "resize_scales")
+        inputs = [x, "", scales]  # output sizes floor(in * factor), as torch's
+    else:
+        inputs = [x, "", "", w.ints([n, c, *a["size"]], "resize_sizes")]
+    if node.op == "upsample_nearest2d":
+        w.op("Resize", inputs, [out], mode="nearest", nearest_mode="floor",
+             coordinate_transformation_mode="asymmetric")
+    else:
+        mode = "align_corners" if a["align_corners"] else "half_pixel"
+        w.op("Resize", inputs, [out], mode="linear", coordinate_transformation_mode=mode)
 
 
 def _adaptive_max_pool(w: _Writer, node: Node, x: str, out: str) -> None:

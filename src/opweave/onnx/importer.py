@@ -148,7 +148,8 @@ def topological_order(graph: onnx.GraphProto, available: set[str]) -> list[onnx.
 CONSTANT_INPUTS = {"Reshape": (1,), "Expand": (1,), "Slice": (1, 2, 3, 4), "Squeeze": (1,),
                    "Unsqueeze": (1,), "ReduceSum": (1,), "ReduceMean": (1,), "ReduceMax": (1,),
                    "ReduceMin": (1,), "Split": (1,), "ConstantOfShape": (0,),
-                   "Range": (0, 1, 2), "Dropout": (1, 2), "Pad": (1, 2, 3)}
+                   "Range": (0, 1, 2), "Dropout": (1, 2), "Pad": (1, 2, 3),
+                   "Resize": (1, 2, 3), "Upsample": (1,)}
 
 
 def value_inputs(graph: onnx.GraphProto) -> set[str]:

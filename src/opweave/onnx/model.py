@@ -22,7 +22,7 @@ from .arrays import to_numpy, to_tensor
 from .errors import OnnxError
 from .importer import DeclaredInput, Lowering, declared_inputs, decode_initializers, value_inputs
 from .load import default_opset, load_model
-from . import ops_math, ops_shape  # noqa: F401  (register the operator handlers)
+from . import ops_math, ops_resize, ops_shape  # noqa: F401  (register the operator handlers)
 
 
 MAX_SPECIALIZATIONS = 16  # distinct input shapes kept compiled (least recently used go)

@@ -359,6 +359,64 @@ def _conv(low, node, ins, attrs):
     return [low.emit1("conv", [x, w] + ([bias] if bias is not None else []), conv_attrs)]
 
 
+@handles("ConvTranspose")
+def _conv_transpose(low, node, ins, attrs):
+    """ConvTranspose as the IR's `conv_transpose` where its padding is torch's (equal on
+    both sides, the extra output rows fewer than the stride or dilation); otherwise the
+    whole transposed convolution without padding, then cropped or extended with zeros to
+    the window ONNX asks for, then the bias."""
+    x, w = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    need_float(low, x)
+    spatial = x.type.rank - 2
+    if spatial not in (1, 2, 3):
+        refuse(low, f"{spatial}-d transposed convolution")
+    sizes = list(x.type.shape[2:])
+    if symbols.free_symbols(sizes):
+        refuse(low, f"a transposed convolution over sizes known only per call {sizes}")
+    kernel = list(attrs.get("kernel_shape", w.type.shape[2:]))
+    if kernel != list(w.type.shape[2:]):
+        refuse(low, f"kernel_shape {kernel} differs from the weight's {list(w.type.shape[2:])}")
+    strides = list(attrs.get("strides", [1] * spatial))
+    dilations = list(attrs.get("dilations", [1] * spatial))
+    extra = list(attrs.get("output_padding", [0] * spatial))[:spatial]
+    full = [s * (n - 1) + (k - 1) * d + 1 for n, k, s, d in zip(sizes, kernel, strides, dilations)]
+    auto_pad = attrs.get("auto_pad", "NOTSET") or "NOTSET"
+    shape = attrs.get("output_shape")
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER") and "pads" not in attrs:
+        shape = list(shape[-spatial:]) if shape else [n * s for n, s in zip(sizes, strides)]
+        total = [f + e - o for f, e, o in zip(full, extra, shape)]
+        small = [t // 2 for t in total]
+        begin = small if auto_pad == "SAME_UPPER" else [t - h for t, h in zip(total, small)]
+    elif auto_pad in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
+        pads = list(attrs.get("pads", [0] * 2 * spatial)) if auto_pad != "VALID" \
+            else [0] * 2 * spatial
+        if len(pads) != 2 * spatial:
+            refuse(low, f"pads {pads} for {spatial} spatial dims")
+        begin = pads[:spatial]
+        shape = list(shape[-spatial:]) if shape else \
+            [f + e - b - a for f, e, b, a in zip(full, extra, begin, pads[spatial:])]
+    else:
+        refuse(low, f"auto_pad={auto_pad!r}")
+    end = [o - (f - b) for o, f, b in zip(shape, full, begin)]  # < 0: cropped, > 0: added
+    groups = attrs.get("group", 1)
+    conv_attrs = {"stride": strides, "dilation": dilations, "groups": groups}
+    # torch crops `begin` from both ends, then adds output_padding rows back at the end
+    own_extra = [e + b for b, e in zip(begin, end)]
+    if all(b >= 0 for b in begin) and all(0 <= o < max(s, d) for o, s, d in
+                                          zip(own_extra, strides, dilations)):
+        return [low.emit1("conv_transpose", [x, w] + ([bias] if bias is not None else []),
+                          {**conv_attrs, "padding": begin, "output_padding": own_extra})]
+    y = low.emit1("conv_transpose", [x, w], {**conv_attrs, "padding": [0] * spatial,
+                                             "output_padding": [0] * spatial})
+    y = padding.pad(low.emit1, y, {2 + i: (-b, e) for i, (b, e) in enumerate(zip(begin, end))},
+                    "constant", 0.0)
+    if bias is not None:
+        per_channel = low.emit1("reshape", [bias], {"shape": [bias.type.shape[0]] + [1] * spatial})
+        y = low.emit1("add", [y, per_channel])
+    return [y]
+
+
 def _pool_window(low, attrs, x):
     """The 2-d window of MaxPool or AveragePool: kernel, strides, dilations, padding
     before and after, and whether the IR's pooling takes that padding as its own (equal

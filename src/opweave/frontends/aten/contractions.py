@@ -1,9 +1,10 @@
-"""Contractions and windows: matmul, sparse mm, convolution and its backward, average pooling, padding, attention."""
+"""Contractions and windows: matmul, sparse mm, convolution (plain and transposed) and
+their backwards, average pooling, upsampling, padding, attention."""
 from __future__ import annotations
 
 import torch
 
-from ...ir import padding
+from ...ir import padding, symbols
 from ..lowering import Unsupported, lowers
 from .common import _pair, _shape, aten, reads_output
 from .layout import _expand, reshape
@@ -53,16 +54,18 @@ def _sparse_addmm(ctx, bias, sparse, dense, beta=1, alpha=1):
 
 @lowers(aten.convolution.default)
 def _convolution(ctx, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    if transposed:
-        raise Unsupported("transposed convolution")
     inputs = [ctx.value(x), ctx.value(weight)] + ([ctx.value(bias)] if bias is not None else [])
     spatial = inputs[0].type.rank - 2
 
     def per_dim(v):  # torch broadcasts one value to every spatial dim (padding="valid": [0])
         return list(v) * spatial if len(v) == 1 else list(v)
 
-    return ctx.add1("conv", inputs, {"stride": per_dim(stride), "padding": per_dim(padding),
-                                     "dilation": per_dim(dilation), "groups": groups})
+    attrs = {"stride": per_dim(stride), "padding": per_dim(padding),
+             "dilation": per_dim(dilation), "groups": groups}
+    if transposed:
+        return ctx.add1("conv_transpose", inputs,
+                        {**attrs, "output_padding": per_dim(output_padding)})
+    return ctx.add1("conv", inputs, attrs)
 
 
 @lowers(aten.hardtanh.default)
@@ -134,6 +137,70 @@ def _tile_mean(ctx, v, kernel):
     return mean
 
 
+# -- upsampling ---------------------------------------------------------------------------------
+def _upsample_size(v, output_size, scale_factors) -> tuple[list, list]:
+    """The output [H, W] and the factors torch's kernel is given (None where the size was
+    given), as `upsample_*2d.vec` computes them: floor(in * factor)."""
+    if output_size is not None:
+        return list(output_size), [None, None]
+    factors = [float(f) for f in _pair(scale_factors)]
+    size = []
+    for dim, factor in zip(_shape(v)[-2:], factors):
+        if symbols.is_symbolic(dim) and not factor.is_integer():
+            raise Unsupported(f"upsampling a size known only per call ({dim}) by {factor}")
+        size.append(dim * int(factor) if symbols.is_symbolic(dim) else int(dim * factor))
+    return size, factors
+
+
+def _upsample(ctx, op, x, output_size, scale_factors, **attrs):
+    v = ctx.value(x)
+    if v.type.rank != 4:
+        raise Unsupported(f"{op} of a rank-{v.type.rank} tensor (2-d upsampling only)")
+    size, (sh, sw) = _upsample_size(v, output_size, scale_factors)
+    return ctx.add1(op, [v], {"size": size, "scales_h": sh, "scales_w": sw, **attrs})
+
+
+@lowers(aten.upsample_nearest2d.vec)
+def _upsample_nearest2d_vec(ctx, x, output_size, scale_factors):
+    return _upsample(ctx, "upsample_nearest2d", x, output_size, scale_factors)
+
+
+@lowers(aten.upsample_nearest2d.default)
+def _upsample_nearest2d(ctx, x, output_size, scales_h=None, scales_w=None):
+    return ctx.add1("upsample_nearest2d", [ctx.value(x)],
+                    {"size": list(output_size), "scales_h": scales_h, "scales_w": scales_w})
+
+
+@lowers(aten.upsample_bilinear2d.vec)
+def _upsample_bilinear2d_vec(ctx, x, output_size, align_corners, scale_factors):
+    return _upsample(ctx, "upsample_bilinear2d", x, output_size, scale_factors,
+                     align_corners=bool(align_corners))
+
+
+@lowers(aten.upsample_bilinear2d.default)
+def _upsample_bilinear2d(ctx, x, output_size, align_corners, scales_h=None, scales_w=None):
+    return ctx.add1("upsample_bilinear2d", [ctx.value(x)],
+                    {"size": list(output_size), "align_corners": bool(align_corners),
+                     "scales_h": scales_h, "scales_w": scales_w})
+
+
+@lowers(aten.upsample_nearest2d_backward.default)
+def _upsample_nearest2d_backward(ctx, grad, output_size, input_size, scales_h=None,
+                                 scales_w=None):
+    return ctx.add1("upsample_nearest2d_backward", [ctx.value(grad)],
+                    {"size": list(output_size), "input_size": list(input_size),
+                     "scales_h": scales_h, "scales_w": scales_w})
+
+
+@lowers(aten.upsample_bilinear2d_backward.default)
+def _upsample_bilinear2d_backward(ctx, grad, output_size, input_size, align_corners,
+                                  scales_h=None, scales_w=None):
+    return ctx.add1("upsample_bilinear2d_backward", [ctx.value(grad)],
+                    {"size": list(output_size), "input_size": list(input_size),
+                     "align_corners": bool(align_corners), "scales_h": scales_h,
+                     "scales_w": scales_w})
+
+
 @lowers(aten.constant_pad_nd.default)
 def _constant_pad_nd(ctx, x, pad, value=0):
     """Padding (pairs of before/after counts from the last dim backwards) as the IR spells
@@ -146,12 +213,14 @@ def _constant_pad_nd(ctx, x, pad, value=0):
 @lowers(aten.convolution_backward.default)
 def _convolution_backward(ctx, grad, x, weight, bias_sizes, stride, padding, dilation, transposed,
                           output_padding, groups, output_mask):
-    if transposed:
-        raise Unsupported("transposed convolution")
     mask = [int(bool(m)) for m in output_mask]
-    outs = iter(ctx.add("conv_backward", [ctx.value(grad), ctx.value(x), ctx.value(weight)],
-                        {"stride": list(stride), "padding": list(padding),
-                         "dilation": list(dilation), "groups": groups, "output_mask": mask}))
+    attrs = {"stride": list(stride), "padding": list(padding), "dilation": list(dilation),
+             "groups": groups, "output_mask": mask}
+    if transposed:
+        op, attrs = "conv_transpose_backward", {**attrs, "output_padding": list(output_padding)}
+    else:
+        op = "conv_backward"
+    outs = iter(ctx.add(op, [ctx.value(grad), ctx.value(x), ctx.value(weight)], attrs))
     return [next(outs) if m else None for m in mask]
 
 

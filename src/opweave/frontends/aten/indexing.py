@@ -1,6 +1,7 @@
 """Max pooling, dropout, embedding and indexing (index_select, index, index_put, gather, scatter)."""
 from __future__ import annotations
 
+import math
 import operator
 
 import torch
@@ -98,35 +99,56 @@ def _multi_index(ctx, v, indices):
     read `padding_mask[batch_idx, kv_idx]`): the indices broadcast together, wrap when
     negative, and combine into one row-major index into those dims flattened, which one
     index_select reads."""
+    shape = _shape(v)
+    first, count = _adjacent(indices)
+    linear, broadcast = _linear_index(ctx, shape, indices, first)
+    rows = math.prod(shape[first:first + count])
+    flat = reshape(ctx, v, shape[:first] + [rows] + shape[first + count:])
+    picked = ctx.add1("index_select", [flat, reshape(ctx, linear, [math.prod(broadcast)])],
+                      {"dim": first})
+    return reshape(ctx, picked, shape[:first] + broadcast + shape[first + count:])
+
+
+def _adjacent(indices) -> tuple[int, int]:
+    """The first dim and the number of the (adjacent) dims integer index tensors index."""
     present = [d for d, t in enumerate(indices) if t is not None]
     first, count = present[0], len(present)
     if present != list(range(first, first + count)):
         raise Unsupported("advanced indexing with index tensors at dims that are not adjacent")
-    shape = _shape(v)
-    sizes = shape[first:first + count]
-    values = [ctx.value(indices[d]) for d in present]
+    return first, count
+
+
+def _linear_index(ctx, shape, indices, start: int):
+    """The row-major index into dims `start`.. of the indexed ones of `shape` flattened,
+    for the index tensors in `indices` (adjacent, wrapped when negative) and, for each
+    dim from `start` before them, every position along it; and its (broadcast) shape."""
+    first, count = _adjacent(indices)
+    values = [ctx.value(indices[d]) for d in range(first, first + count)]
     if any(i.type.dtype not in (torch.int64, torch.int32) for i in values):
         raise Unsupported("advanced indexing other than by integer indices")
     broadcast = list(torch.broadcast_shapes(*(tuple(_shape(i)) for i in values)))
+    sizes = shape[start:first + count]
+    strides = _row_strides(sizes)
     linear = None
-    for i, size, stride in zip(values, sizes, _row_strides(sizes)):
+    for d in range(start, first):  # every position of a leading dim, along its own axis
+        ahead = [1] * (d - start) + [shape[d]] + [1] * (first - d - 1 + len(broadcast))
+        position = ctx.add1("arange", [], {"start": 0, "end": shape[d], "step": 1,
+                                           "dtype": torch.int64})
+        position = reshape(ctx, position, ahead)
+        if strides[d - start] != 1:
+            position = ctx.add1("mul", [position, ctx.scalar(strides[d - start], position)])
+        linear = position if linear is None else ctx.add1("add", [linear, position])
+    for i, size, stride in zip(values, shape[first:first + count], strides[first - start:]):
         if i.type.dtype != torch.int64:
             i = ctx.add1("cast", [i], {"dtype": torch.int64})
         i = _wrapped(ctx, i, size)
         if stride != 1:
             i = ctx.add1("mul", [i, ctx.scalar(stride, i)])
         linear = i if linear is None else ctx.add1("add", [linear, i])
-    if _shape(linear) != broadcast:
-        linear = ctx.add1("expand", [linear], {"shape": broadcast})
-    numel = 1
-    for d in broadcast:
-        numel *= d
-    rows = 1
-    for d in sizes:
-        rows *= d
-    flat = reshape(ctx, v, shape[:first] + [rows] + shape[first + count:])
-    picked = ctx.add1("index_select", [flat, reshape(ctx, linear, [numel])], {"dim": first})
-    return reshape(ctx, picked, shape[:first] + broadcast + shape[first + count:])
+    full = shape[start:first] + broadcast
+    if _shape(linear) != full:
+        linear = ctx.add1("expand", [linear], {"shape": full})
+    return linear, full
 
 
 def _row_strides(sizes):
@@ -150,21 +172,34 @@ def _single_index(ctx, indices):
 
 @lowers(aten.index_put.default)
 def _index_put(ctx, x, indices, values, accumulate=False):
-    """x[idx] = values (or +=) with one integer index tensor on dim 0: embedding backward."""
-    dim, index = _single_index(ctx, indices)
-    if dim != 0:
-        raise Unsupported("index_put along a dim other than 0")
+    """x[idx] = values (or +=) with one integer index tensor on dim 0 (embedding
+    backward), or with index tensors at adjacent dims: then the dims up to the last
+    indexed one are flattened and indexed by one row-major index (`_linear_index`; the
+    backward of upsampling as torch.compile decomposes it, which gathers with a row index
+    and a column index)."""
     v = ctx.value(x)
-    count = index.type.numel
-    rows = _shape(index) + _shape(v)[1:]
+    shape = _shape(v)
+    if sum(t is not None for t in indices) == 1 and indices[0] is not None:
+        index = ctx.value(indices[0])
+        if index.type.dtype not in (torch.int64, torch.int32):
+            raise Unsupported("advanced indexing other than by an integer index")
+        rows, flat_shape = _shape(index), shape
+    else:
+        index, rows = _linear_index(ctx, shape, indices, 0)
+        last = _adjacent(indices)[0] + _adjacent(indices)[1]
+        flat_shape = [math.prod(shape[:last])] + shape[last:]
+    count = math.prod(rows)
     vals = ctx.value(values)
-    if _shape(vals) != rows:
-        vals = ctx.add1("expand", [vals], {"shape": rows})
-    vals = reshape(ctx, vals, [count] + _shape(v)[1:])
+    if _shape(vals) != rows + flat_shape[1:]:
+        vals = ctx.add1("expand", [vals], {"shape": rows + flat_shape[1:]})
+    vals = reshape(ctx, vals, [count] + flat_shape[1:])
     flat = reshape(ctx, index, [count])
     if accumulate and _is_zeros(x) and vals.type.dtype == v.type.dtype:
-        return ctx.add1("index_add_zeros", [flat, vals], {"rows": _shape(v)[0]})
-    return ctx.add1("index_put", [v, flat, vals], {"accumulate": accumulate})
+        out = ctx.add1("index_add_zeros", [flat, vals], {"rows": flat_shape[0]})
+    else:
+        out = ctx.add1("index_put", [reshape(ctx, v, flat_shape), flat, vals],
+                       {"accumulate": accumulate})
+    return reshape(ctx, out, shape)
 
 
 def _is_zeros(node) -> bool:

@@ -1,2 +1,2 @@
 """Importing this package registers every op of the IR."""
-from . import creation, elementwise, indexing, linalg, nn, reduction, shape  # noqa: F401
+from . import creation, elementwise, indexing, linalg, nn, reduction, shape, upsample  # noqa: F401

@@ -1,4 +1,5 @@
-"""Contractions (many-to-many): matmul, convolution and its backward, sparse-dense matmul."""
+"""Contractions (many-to-many): matmul, convolution, transposed convolution and their
+backwards, sparse-dense matmul."""
 from __future__ import annotations
 
 import math
@@ -251,6 +252,81 @@ _CONV_ATTRS = {"stride": Attr("ints"), "padding": Attr("ints"), "dilation": Attr
                "groups": Attr("int", 1)}
 define("conv", None, MANY, _conv_shape, _same_float_dtype, _conv, attrs=_CONV_ATTRS,
        flops=_conv_flops)
+
+
+def _conv_transpose_shape(ins, attrs):
+    """The shapes torch's transposed convolution gives and accepts: weight
+    [C_in, C_out / groups, *kernel], output size (in - 1) * stride - 2 * padding +
+    dilation * (kernel - 1) + output_padding + 1, output_padding below the stride or the
+    dilation."""
+    x, w = ins[0], ins[1]
+    spatial = x.rank - 2
+    if spatial < 1 or w.rank != x.rank:
+        raise ShapeError(f"conv_transpose: input {x} and weight {w} must both be rank 3..5")
+    for key in ("stride", "padding", "dilation", "output_padding"):
+        if len(attrs[key]) != spatial:
+            raise ShapeError(f"conv_transpose: {key} needs {spatial} values, got {attrs[key]}")
+        least = 0 if key in ("padding", "output_padding") else 1
+        if any(v < least for v in attrs[key]):
+            raise ShapeError(f"conv_transpose: {key} must be >= {least}, got {attrs[key]}")
+    if any(p >= max(s, d) for p, s, d in zip(attrs["output_padding"], attrs["stride"],
+                                             attrs["dilation"])):
+        raise ShapeError(f"conv_transpose: output_padding {attrs['output_padding']} must be "
+                         f"below the stride {attrs['stride']} or the dilation "
+                         f"{attrs['dilation']}")
+    groups = attrs["groups"]
+    if groups < 1 or x.shape[1] != w.shape[0] or w.shape[0] % groups or not w.shape[1]:
+        raise ShapeError(f"conv_transpose: input {x} does not match weight {w} "
+                         f"with groups={groups}")
+    cout = w.shape[1] * groups
+    if len(ins) == 3 and ins[2].shape != (cout,):
+        raise ShapeError(f"conv_transpose: bias {ins[2]} must have shape [{cout}]")
+    out = [(x.shape[2 + i] - 1) * attrs["stride"][i] - 2 * attrs["padding"][i]
+           + attrs["dilation"][i] * (w.shape[2 + i] - 1) + attrs["output_padding"][i] + 1
+           for i in range(spatial)]
+    if any(isinstance(o, int) and o <= 0 for o in out) or \
+            any(isinstance(d, int) and d < 1 for d in x.shape[2:]):
+        raise ShapeError(f"conv_transpose: output would be empty for input {x} and weight {w}")
+    return [(x.shape[0], cout, *out)]
+
+
+def _conv_transpose(x, weight, bias=None, *, stride, padding, output_padding, dilation, groups):
+    """N-d transposed convolution (N = 1, 2, 3; the gradient of conv with respect to its
+    input, as a layer: decoders' learned upsampling) with an optional bias."""
+    return torch.ops.aten.convolution(x, weight, bias, stride, padding, dilation, True,
+                                      output_padding, groups)
+
+
+_CONV_TRANSPOSE_ATTRS = {**_CONV_ATTRS, "output_padding": Attr("ints")}
+define("conv_transpose", None, MANY, _conv_transpose_shape, _same_float_dtype, _conv_transpose,
+       attrs=_CONV_TRANSPOSE_ATTRS,
+       flops=lambda ins, outs, a: 2 * ins[0].numel * math.prod(ins[1].shape[1:]))
+
+
+def _conv_transpose_backward_shape(ins, attrs):
+    grad, x, w = ins
+    (out,) = _conv_transpose_shape([x, w], attrs)
+    if tuple(grad.shape) != tuple(out):
+        raise ShapeError(f"conv_transpose_backward: grad {grad} is not the shape conv_transpose "
+                         f"gives for input {x} and weight {w} ({list(out)})")
+    shapes = [x.shape, w.shape, (out[1],)]
+    return [s for s, keep in zip(shapes, attrs["output_mask"]) if keep]
+
+
+def _conv_transpose_backward(grad, x, weight, *, stride, padding, output_padding, dilation,
+                             groups, output_mask):
+    """Gradients of conv_transpose for input, weight and bias, those `output_mask` selects."""
+    outs = torch.ops.aten.convolution_backward(
+        grad, x, weight, [weight.shape[1] * groups], stride, padding, dilation, True,
+        output_padding, groups, [bool(m) for m in output_mask])
+    kept = [o for o, keep in zip(outs, output_mask) if keep]
+    return kept[0] if len(kept) == 1 else tuple(kept)
+
+
+define("conv_transpose_backward", 3, MANY, _conv_transpose_backward_shape,
+       lambda ins, a: [ins[0].dtype] * sum(map(bool, a["output_mask"])), _conv_transpose_backward,
+       attrs={**_CONV_TRANSPOSE_ATTRS, "output_mask": Attr("ints", [1, 1, 1])},
+       flops=lambda ins, outs, a: 4 * ins[1].numel * math.prod(ins[2].shape[1:]))
 
 
 def _conv_backward_shape(ins, attrs):
