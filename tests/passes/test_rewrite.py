@@ -30,11 +30,11 @@ def _qkv_graph(n=16, d=64) -> Graph:
     return g
 
 
-def _same_results(before: Graph, after: Graph, *inputs) -> None:
+def _same_results(before: Graph, after: Graph, *inputs, atol: float = 1e-5) -> None:
     expected = Executor(before)(*inputs)
     got = Executor(after)(*inputs)
     for e, a in zip(expected, got):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=atol)
 
 
 def test_ilp_extraction_merges_qkv_and_greedy_does_not():
@@ -317,3 +317,53 @@ def test_equal_zero_padding_becomes_the_convolutions_own(before, after, folded):
         assert "zero-pad-into-conv" not in report.fired and new.op_counts()["cat"] == 1
         assert conv.attrs["padding"] == [1, 0]
     _same_results(g, new, torch.randn(1, 4, 6, 6))
+
+
+_MAPS = ((16, 64), (32, 32), (64, 16), (128, 8))  # (channels, side)
+
+
+def _decode_head_graph(fuse_kernel: int = 1) -> Graph:
+    """SegFormer's decode head, smaller: four feature maps (of 16 to 128 channels at
+    64x64 down to 8x8) upsampled bilinearly to 64x64 (the first to its own size),
+    concatenated, then one convolution with a batch norm and a ReLU."""
+    torch.manual_seed(2)
+    g = Graph("decode_head")
+    maps = []
+    for i, (channels, side) in enumerate(_MAPS):
+        x = g.add_input(f"x{i}", TensorType((1, channels, side, side), F32))
+        maps.append(g.add1("upsample_bilinear2d", [x], {"size": [64, 64],
+                                                        "align_corners": False}))
+    fused = g.add1("conv", [g.add1("cat", maps, {"dim": 1}),
+                            g.add_constant("w", torch.randn(16, 240, fuse_kernel, fuse_kernel))],
+                   {"stride": [1, 1], "padding": [fuse_kernel // 2] * 2, "dilation": [1, 1]})
+    stats = [g.add_constant(n, t) for n, t in (("g", torch.randn(16)), ("b", torch.randn(16)),
+                                                ("m", torch.randn(16)), ("v", torch.rand(16) + 0.5))]
+    g.outputs = [g.add1("relu", [g.add1("batch_norm", [fused, *stats])])]
+    return g
+
+
+def _decode_head_inputs():
+    return [torch.randn(1, c, s, s) for c, s in _MAPS]
+
+
+def test_a_pointwise_convolution_of_upsampled_maps_runs_at_each_maps_resolution():
+    g = _decode_head_graph()
+    new, report = rewrite(g)
+    assert {"conv-over-cat", "pointwise-conv-before-upsampling"} <= set(report.fired)
+    counts = new.op_counts()
+    assert "cat" not in counts and counts["conv"] == 4 and counts["upsample_bilinear2d"] == 3
+    # each convolution reads its map at the map's own size, not the 32x32 upsampled one
+    assert sorted(n.inputs[0].type.shape[2] for n in new.nodes if n.op == "conv") == \
+        [8, 16, 32, 64]
+    assert report.cost_after < report.cost_before / 2
+    _same_results(g, new, *_decode_head_inputs(), atol=1e-4)  # sums of 240 products, reordered
+
+
+def test_a_wider_convolution_over_upsampled_maps_keeps_the_upsampling_before_it():
+    """A 3x3 convolution mixes neighbouring pixels: it does not commute with upsampling
+    (it may still split over the concatenation, where that costs less)."""
+    g = _decode_head_graph(fuse_kernel=3)
+    new, report = rewrite(g)
+    assert "pointwise-conv-before-upsampling" not in report.fired
+    assert all(n.inputs[0].type.shape[2:] == (64, 64) for n in new.nodes if n.op == "conv")
+    _same_results(g, new, *_decode_head_inputs(), atol=1e-4)
