@@ -91,6 +91,26 @@ def test_convolutions_with_residual_run_in_bf16():
     assert not any("into its residual" in n for n in names)
 
 
+class _UpConv(nn.Module):
+    """U-Net's up path: a transposed convolution, then a convolution over it and a skip."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(16, 8, 2, stride=2)
+        self.conv = nn.Conv2d(16, 8, 3, padding=1)
+
+    def forward(self, x, skip):
+        return F.relu(self.conv(torch.cat([skip, self.up(x)], dim=1)))
+
+
+@needs_bf16
+def test_transposed_convolutions_run_in_bf16():
+    torch.manual_seed(0)
+    names = _compile_and_check(_UpConv(), (torch.randn(1, 16, 8, 8), torch.randn(1, 8, 16, 16)),
+                               bf16_steps=2)
+    assert "conv_transpose [bf16]" in names
+
+
 class _Attention(nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,7 +1,7 @@
 """The precision policy: which steps compute in bfloat16, and how (`Options.precision`).
 
 "fp32" (the default) computes everything in float32. "bf16": matrix products,
-convolutions and attention read their operands rounded to bfloat16 and accumulate in
+convolutions (transposed ones too) and attention read their operands rounded to bfloat16 and accumulate in
 float32 (oneDNN's bf16 primitives, with weights stored in bf16 at compile time; for
 attention torch's bf16 flash-attention kernel or the per-head form on oneDNN's bf16
 matmul, both keeping the softmax in float32). The step's result, with
@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-LOWERED_OPS = frozenset({"matmul", "conv", "attention"})
+LOWERED_OPS = frozenset({"matmul", "conv", "conv_transpose", "attention"})
 LOW = torch.bfloat16
 # ends the name of a measured form that computes on bfloat16 operands ("onednn-direct-bf16",
 # attention's "per-head-bf16"), beside the float32 forms it is measured against
