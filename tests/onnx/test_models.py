@@ -98,10 +98,11 @@ def test_torch_path_graph_exports_with_its_own_ops(name):
 
 
 @pytest.mark.parametrize("name", ["zoo-mobilenet-v2", "zoo-inception3", "zoo-densenet",
-                                  "zoo-efficientnet"])
-def test_zoo_cnns_with_padding_and_average_pooling_import(name, onnx_dir):
+                                  "zoo-efficientnet", "zoo-unet", "zoo-segformer-seg"])
+def test_zoo_cnns_with_padding_pooling_and_upsampling_import(name, onnx_dir):
     """Networks whose export has a Pad, a convolution with unequal pads (TensorFlow's
-    SAME padding) or an AveragePool, each refused before; then back out to ONNX Runtime."""
+    SAME padding), an AveragePool, a ConvTranspose or a Resize, each refused before; then
+    back out to ONNX Runtime."""
     bench = model(name, "small")
     imported = opweave.from_onnx(exported(name, "small", onnx_dir))
     expected = _eager(bench)
