@@ -73,6 +73,20 @@ def test_rules_reject_bad_shapes_with_clear_message():
 
 
 @pytest.mark.parametrize("attrs, message", [
+    ({"size": [8, 12], "scales_h": -2.0}, r"scales_h=-2.0 is not a finite positive factor"),
+    ({"size": [8, 12], "scales_w": 1.0}, r"scales_w=1.0 gives 6 rows from 6, not 12"),
+    ({"size": [8, 0]}, r"must be two sizes >= 1"),
+])
+def test_upsampling_rule_refuses_sizes_its_factors_do_not_give(attrs, message):
+    """Found by `opweave fuzz`: torch's kernel reads past the input (an IndexError, or
+    garbage) where the output size is not floor(in * factor)."""
+    graph = Graph("bad")
+    x = graph.add_input("x", TensorType((1, 2, 4, 6), torch.float32))
+    with pytest.raises(registry.ShapeError, match=message):
+        graph.add("upsample_bilinear2d", [x], attrs)
+
+
+@pytest.mark.parametrize("attrs, message", [
     ({"dilation": [0, 1]}, r"dilation must be >= 1"),
     ({"stride": [1, 0]}, r"stride must be >= 1"),
     ({"padding": [-1, 0]}, r"padding must be >= 0"),

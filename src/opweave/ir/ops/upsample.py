@@ -8,6 +8,8 @@ not: the two differ where the factor does not divide exactly, so both are kept).
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from .. import symbols
@@ -21,18 +23,32 @@ _SIZE_ATTRS = {"size": Attr("ints"), "scales_h": Attr("optional_float", None),
 _BILINEAR_ATTRS = {**_SIZE_ATTRS, "align_corners": Attr("bool", False)}
 
 
-def _check(name, x, size):
+def _check(name, x, spatial, attrs):
+    """`x` (the input, or the backward's gradient) and the sizes: `spatial` is the
+    input's [H, W]."""
+    size = attrs["size"]
     if x.rank != 4:
         raise ShapeError(f"{name} needs an [N, C, H, W] input, got {x}")
     if len(size) != 2 or any(isinstance(s, int) and s < 1 for s in size):
         raise ShapeError(f"{name}: output size {list(size)} must be two sizes >= 1")
+    for key, before, after in zip(("scales_h", "scales_w"), spatial, size):
+        factor = attrs[key]
+        if factor is None:
+            continue
+        if not (math.isfinite(factor) and factor > 0):
+            raise ShapeError(f"{name}: {key}={factor} is not a finite positive factor")
+        # torch sizes the output from a factor as floor(in * factor); other sizes would
+        # send its kernel reading past the input
+        if symbols.is_static([before, after]) and after != int(before * factor):
+            raise ShapeError(f"{name}: {key}={factor} gives {int(before * factor)} rows "
+                             f"from {before}, not {after}")
     if not x.dtype.is_floating_point:
         raise ShapeError(f"{name} needs floats, got {x}")
 
 
 def _forward_shape(name):
     def shape(ins, attrs):
-        _check(name, ins[0], attrs["size"])
+        _check(name, ins[0], ins[0].shape[2:], attrs)
         return [tuple(ins[0].shape[:2]) + tuple(attrs["size"])]
     return shape
 
@@ -42,7 +58,7 @@ def _backward_shape(name):
         grad, size, input_size = ins[0], attrs["size"], attrs["input_size"]
         if len(input_size) != 4:
             raise ShapeError(f"{name}: input_size {list(input_size)} must be [N, C, H, W]")
-        _check(name, grad, size)
+        _check(name, grad, input_size[2:], attrs)
         forward = (*input_size[:2], *size)
         if any(symbols.is_static([g, f]) and g != f for g, f in zip(grad.shape, forward)):
             raise ShapeError(f"{name}: grad {grad} is not the forward's output shape "
