@@ -13,7 +13,7 @@ import math
 import torch
 
 from .. import symbols
-from ._common import Attr, MappingType, ShapeError, define
+from ._common import Attr, MappingType, ShapeError, define, with_dense_strides
 
 MANY = MappingType.MANY_TO_MANY
 aten = torch.ops.aten
@@ -71,39 +71,27 @@ def _same_dtype(ins, attrs):
     return [ins[0].dtype]
 
 
-def _laid_out(x: torch.Tensor) -> torch.Tensor:
-    """`x` viewed with the strides its dense layout gives a size-1 dim. A channels-last
-    activation of batch 1 made by a reshape of a permute (SegFormer's decode head:
-    [1, HW, C] -> [1, C, H, W]) has a batch stride of C, which torch's kernels do not
-    take for channels-last: they ran their generic loop (17 ms against 1 to upsample
-    [1, 256, 32, 32] to 128x128, Zen 4)."""
-    for layout in (torch.channels_last, torch.contiguous_format):
-        if x.is_contiguous(memory_format=layout):
-            dense = torch.empty(x.shape, device="meta", memory_format=layout).stride()
-            return x if x.stride() == dense else x.as_strided(x.shape, dense)
-    return x
-
-
 def _upsample_nearest2d(x, *, size, scales_h, scales_w):
     """Nearest upsampling: output cell (i, j) copies input cell
     (floor(i * sh), floor(j * sw)), sh = 1 / scales_h if given, else H_in / H_out."""
-    return aten.upsample_nearest2d(_laid_out(x), size, scales_h, scales_w)
+    return aten.upsample_nearest2d(with_dense_strides(x), size, scales_h, scales_w)
 
 
 def _upsample_nearest2d_backward(grad, *, size, input_size, scales_h, scales_w):
     """Gradient of nearest upsampling: each input cell sums the cells that copied it."""
-    return aten.upsample_nearest2d_backward(_laid_out(grad), size, input_size, scales_h, scales_w)
+    return aten.upsample_nearest2d_backward(with_dense_strides(grad), size, input_size,
+                                            scales_h, scales_w)
 
 
 def _upsample_bilinear2d(x, *, size, align_corners, scales_h, scales_w):
     """Bilinear upsampling (or downsampling, without antialiasing) as torch's."""
-    return aten.upsample_bilinear2d(_laid_out(x), size, align_corners, scales_h, scales_w)
+    return aten.upsample_bilinear2d(with_dense_strides(x), size, align_corners, scales_h, scales_w)
 
 
 def _upsample_bilinear2d_backward(grad, *, size, input_size, align_corners, scales_h, scales_w):
     """Gradient of bilinear upsampling: each output cell's gradient spread over its four
     input cells by the same weights."""
-    return aten.upsample_bilinear2d_backward(_laid_out(grad), size, input_size, align_corners,
+    return aten.upsample_bilinear2d_backward(with_dense_strides(grad), size, input_size, align_corners,
                                              scales_h, scales_w)
 
 
