@@ -174,3 +174,17 @@ def test_mobilenet_style_padding_through_onnx_export(exporter, tmp_path):
         torch.testing.assert_close(compiled(x)[0], block(x), rtol=1e-5, atol=1e-5)
     ops = [n.op for n in compiled.graph().nodes]
     assert "clamp" in ops and ops.count("cat") == 2  # the unequal pad's H and W
+
+
+@pytest.mark.parametrize("op, attrs", [
+    ("MaxPool", dict(kernel_shape=[3], strides=[2], pads=[1, 1])),
+    ("MaxPool", dict(kernel_shape=[3], dilations=[2], auto_pad="SAME_UPPER")),
+    ("AveragePool", dict(kernel_shape=[4], strides=[3], pads=[1, 1], ceil_mode=1)),
+    ("AveragePool", dict(kernel_shape=[3], pads=[1, 1], count_include_pad=1)),
+])
+def test_1d_pooling_runs_as_2d_pooling_over_a_unit_axis(op, attrs):
+    x = np.random.default_rng(1).standard_normal((2, 3, 11)).astype(np.float32)
+    model = _model([helper.make_node(op, ["X"], ["Y"], **attrs)], x.shape)
+    imported = _check(model, x)
+    pooling = {"MaxPool": "max_pool2d", "AveragePool": "avg_pool2d"}[op]
+    assert [n.op for n in imported.graph().nodes].count(pooling) == 1

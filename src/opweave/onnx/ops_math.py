@@ -423,7 +423,7 @@ def _pool_window(low, attrs, x):
     sides, at most half the window); refusing what it does not do exactly."""
     need_float(low, x)
     if x.type.rank != 4:
-        refuse(low, f"{x.type.rank - 2}-d pooling (2-d only)")
+        refuse(low, f"{x.type.rank - 2}-d pooling (1-d and 2-d only)")
     kernel = list(attrs["kernel_shape"])
     strides = list(attrs.get("strides", [1, 1]))
     dilations = list(attrs.get("dilations", [1, 1]))
@@ -438,7 +438,27 @@ def _pool_window(low, attrs, x):
     return kernel, strides, dilations, begin, end, own
 
 
+def _as_2d_pooling(pool):
+    """A 1-d pooling (an [N, C, L] input) as the 2-d one over [N, C, 1, L]: the window
+    attributes gain a leading unit axis, and the result drops it."""
+    def handler(low, node, ins, attrs):
+        x = ins[0]
+        if x.type.rank != 3:
+            return pool(low, node, ins, attrs)
+        need_float(low, x)
+        n, c, length = x.type.shape
+        wide = {k: [1, *attrs[k]] for k in ("kernel_shape", "strides", "dilations")
+                if k in attrs}
+        if "pads" in attrs:
+            wide["pads"] = [0, attrs["pads"][0], 0, attrs["pads"][-1]]
+        flat = low.emit1("reshape", [x], {"shape": [n, c, 1, length]})
+        (y,) = pool(low, node, [flat] + list(ins[1:]), {**attrs, **wide})
+        return [low.emit1("reshape", [y], {"shape": [n, c, y.type.shape[-1]]})]
+    return handler
+
+
 @handles("MaxPool")
+@_as_2d_pooling
 def _max_pool(low, node, ins, attrs):
     x = ins[0]
     if len([o for o in node.output if o]) > 1:
@@ -453,6 +473,7 @@ def _max_pool(low, node, ins, attrs):
 
 
 @handles("AveragePool")
+@_as_2d_pooling
 def _average_pool(low, node, ins, attrs):
     """ONNX's average pooling leaves the padding out of each window's count unless
     count_include_pad=1 (torch's default is the other way). Padding the IR's pooling
