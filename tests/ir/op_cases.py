@@ -291,19 +291,23 @@ def conv_case(draw):
     return Case(inputs, attrs, _conv_fn(attrs, x.dim() - 2))
 
 
-@st.composite
-def conv_backward_case(draw):
-    x, w, attrs = draw(conv_params())
-    conv = _conv_fn(attrs, x.dim() - 2)
+def _backward_case(draw, x, w, attrs, conv, out_channels: int) -> Case:
+    """The gradients `output_mask` selects of `conv(x, w, bias)` (a bias of zeros)."""
     grad = tensor(conv(x, w).shape, x.dtype)
     mask = draw(st.sampled_from([[1, 1, 1], [1, 1, 0], [0, 1, 1], [1, 0, 0]]))
 
     def eager(grad, x, w):
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-        b = torch.zeros(w.shape[0], dtype=x.dtype, requires_grad=True)
+        b = torch.zeros(out_channels, dtype=x.dtype, requires_grad=True)
         grads = torch.autograd.grad(conv(xr, wr, b), (xr, wr, b), grad)
         return tuple(g for g, m in zip(grads, mask) if m)
     return Case([grad, x, w], {**attrs, "output_mask": mask}, eager)
+
+
+@st.composite
+def conv_backward_case(draw):
+    x, w, attrs = draw(conv_params())
+    return _backward_case(draw, x, w, attrs, _conv_fn(attrs, x.dim() - 2), w.shape[0])
 
 
 @st.composite
@@ -342,16 +346,8 @@ def conv_transpose_case(draw):
 @st.composite
 def conv_transpose_backward_case(draw):
     x, w, attrs = draw(conv_transpose_params())
-    conv = _conv_transpose_fn(attrs, x.dim() - 2)
-    grad = tensor(conv(x, w).shape, x.dtype)
-    mask = draw(st.sampled_from([[1, 1, 1], [1, 1, 0], [0, 1, 1], [1, 0, 0]]))
-
-    def eager(grad, x, w):
-        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
-        b = torch.zeros(w.shape[1] * attrs["groups"], dtype=x.dtype, requires_grad=True)
-        grads = torch.autograd.grad(conv(xr, wr, b), (xr, wr, b), grad)
-        return tuple(g for g, m in zip(grads, mask) if m)
-    return Case([grad, x, w], {**attrs, "output_mask": mask}, eager)
+    return _backward_case(draw, x, w, attrs, _conv_transpose_fn(attrs, x.dim() - 2),
+                          w.shape[1] * attrs["groups"])
 
 
 @st.composite

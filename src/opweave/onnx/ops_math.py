@@ -341,14 +341,20 @@ def _pad_unequal_part(low, x, begin: list, end: list, fill: float, most=None):
     return x, shared
 
 
-@handles("Conv")
-def _conv(low, node, ins, attrs):
+def _conv_operands(low, ins, what: str):
+    """Input, weight, optional bias and the number of spatial dims (1 to 3) of a Conv or
+    ConvTranspose."""
     x, w = ins[0], ins[1]
-    bias = ins[2] if len(ins) > 2 else None
     need_float(low, x)
     spatial = x.type.rank - 2
     if spatial not in (1, 2, 3):
-        refuse(low, f"{spatial}-d convolution")
+        refuse(low, f"{spatial}-d {what}")
+    return x, w, (ins[2] if len(ins) > 2 else None), spatial
+
+
+@handles("Conv")
+def _conv(low, node, ins, attrs):
+    x, w, bias, spatial = _conv_operands(low, ins, "convolution")
     kernel = list(attrs.get("kernel_shape", w.type.shape[2:]))
     strides = list(attrs.get("strides", [1] * spatial))
     dilations = list(attrs.get("dilations", [1] * spatial))
@@ -365,12 +371,7 @@ def _conv_transpose(low, node, ins, attrs):
     both sides, the extra output rows fewer than the stride or dilation); otherwise the
     whole transposed convolution without padding, then cropped or extended with zeros to
     the window ONNX asks for, then the bias."""
-    x, w = ins[0], ins[1]
-    bias = ins[2] if len(ins) > 2 else None
-    need_float(low, x)
-    spatial = x.type.rank - 2
-    if spatial not in (1, 2, 3):
-        refuse(low, f"{spatial}-d transposed convolution")
+    x, w, bias, spatial = _conv_operands(low, ins, "transposed convolution")
     sizes = list(x.type.shape[2:])
     if symbols.free_symbols(sizes):
         refuse(low, f"a transposed convolution over sizes known only per call {sizes}")

@@ -316,9 +316,16 @@ def _conv_transpose_backward_shape(ins, attrs):
 def _conv_transpose_backward(grad, x, weight, *, stride, padding, output_padding, dilation,
                              groups, output_mask):
     """Gradients of conv_transpose for input, weight and bias, those `output_mask` selects."""
+    return _gradients(grad, x, weight, [weight.shape[1] * groups], stride, padding, dilation,
+                      True, output_padding, groups, output_mask)
+
+
+def _gradients(grad, x, weight, bias_size, stride, padding, dilation, transposed,
+               output_padding, groups, output_mask):
+    """torch's convolution backward, with only the gradients `output_mask` selects."""
     outs = torch.ops.aten.convolution_backward(
-        grad, x, weight, [weight.shape[1] * groups], stride, padding, dilation, True,
-        output_padding, groups, [bool(m) for m in output_mask])
+        grad, x, weight, bias_size, stride, padding, dilation, transposed, output_padding,
+        groups, [bool(m) for m in output_mask])
     kept = [o for o, keep in zip(outs, output_mask) if keep]
     return kept[0] if len(kept) == 1 else tuple(kept)
 
@@ -344,11 +351,8 @@ def _conv_backward_shape(ins, attrs):
 
 def _conv_backward(grad, x, weight, *, stride, padding, dilation, groups, output_mask):
     """Gradients of conv for input, weight and bias, those selected by `output_mask`."""
-    outs = torch.ops.aten.convolution_backward(
-        grad, x, weight, [weight.shape[0]], stride, padding, dilation, False,
-        [0] * len(stride), groups, [bool(m) for m in output_mask])
-    kept = [o for o, keep in zip(outs, output_mask) if keep]
-    return kept[0] if len(kept) == 1 else tuple(kept)
+    return _gradients(grad, x, weight, [weight.shape[0]], stride, padding, dilation, False,
+                      [0] * len(stride), groups, output_mask)
 
 
 define("conv_backward", 3, MANY, _conv_backward_shape,
