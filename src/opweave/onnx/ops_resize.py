@@ -38,8 +38,10 @@ def _resize(low, node, ins, attrs):
         sizes_in = ins[3] if len(ins) > 3 else None
     if attrs.get("antialias", 0):
         refuse(low, "antialias=1")
-    axes = [a % rank if -rank <= a < rank else refuse(low, f"axis {a} for rank {rank}")
-            for a in attrs.get("axes", range(rank))]
+    axes = list(attrs.get("axes", range(rank)))
+    if any(not -rank <= a < rank for a in axes):
+        refuse(low, f"axes {axes} for rank {rank}")
+    axes = [a % rank for a in axes]
     scales = _floats(low, scales_in)
     sizes = low.ints(sizes_in, "sizes") if sizes_in is not None and \
         sizes_in.type.numel != 0 else None

@@ -186,7 +186,8 @@ def _index_put(ctx, x, indices, values, accumulate=False):
         rows, flat_shape = _shape(index), shape
     else:
         index, rows = _linear_index(ctx, shape, indices, 0)
-        last = _adjacent(indices)[0] + _adjacent(indices)[1]
+        first, count = _adjacent(indices)
+        last = first + count
         flat_shape = [math.prod(shape[:last])] + shape[last:]
     count = math.prod(rows)
     vals = ctx.value(values)
