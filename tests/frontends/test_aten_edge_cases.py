@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import warnings
+from collections import Counter
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import opweave
+from opweave.frontends import torch_dynamo
 from opweave.frontends.program import OpweaveFallbackWarning
 
 
@@ -422,12 +424,9 @@ def test_decoder_ops_lower_without_fallback():
         torch.testing.assert_close(compiled(x), model(x))
 
 
-@pytest.mark.parametrize("path", ["joint", "dynamo"])
-def test_decoder_ops_train_without_fallback(path):
-    """Under torch.compile, upsampling reaches opweave decomposed, as index reads whose
-    backward scatter-adds with a row and a column index (index_put with two indices)."""
-    model, x = _Decoder(), torch.randn(2, 4, 6, 6)
-    reference = _Decoder()
+def _train_like_eager(model, reference, x, path):
+    """One step through opweave (`path`: the joint graph or torch.compile) without a
+    fallback, against eager: the loss and every gradient."""
     reference.load_state_dict(model.state_dict())
     with warnings.catch_warnings():
         warnings.simplefilter("error", OpweaveFallbackWarning)
@@ -440,3 +439,39 @@ def test_decoder_ops_train_without_fallback(path):
     torch.testing.assert_close(got, expected)
     for g, e in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(g.grad, e.grad, rtol=1e-4, atol=1e-4)
+    return step
+
+
+@pytest.mark.parametrize("path", ["joint", "dynamo"])
+def test_decoder_ops_train_without_fallback(path):
+    """Tracing through autograd, torch decomposes upsampling into index reads whatever the
+    decomposition table says (`ops_kept_whole` keeps them whole): the graph holds
+    torch's upsampling backwards, not scatter-adds."""
+    before = torch_dynamo.compiled_graphs.mark()
+    step = _train_like_eager(_Decoder(), _Decoder(), torch.randn(2, 4, 6, 6), path)
+    programs = [step.programs[True]] if path == "joint" else \
+        torch_dynamo.compiled_graphs.since(before)
+    graphs = [g for p in programs for g in p.graphs]
+    counts = sum((Counter(g.op_counts()) for g in graphs), Counter())
+    # (the two upsamplings of the input, which needs no gradient, have no backward)
+    assert counts["upsample_bilinear2d_backward"] == 1, counts
+    assert counts["upsample_nearest2d_backward"] == 1 and "index_put" not in counts, counts
+
+
+class _Pick2d(torch.nn.Module):
+    """A read at a row and a column index per output (`x[:, :, rows, cols]`): its
+    gradient scatter-adds with two index tensors (index_put with two indices)."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(1, 3, 1, 1))
+        self.rows, self.cols = torch.tensor([[0], [3], [3]]), torch.tensor([[1, -1, 2, 2]])
+
+    def forward(self, x):
+        return ((x * self.scale)[:, :, self.rows, self.cols] ** 2).sum()
+
+
+@pytest.mark.parametrize("path", ["joint", "dynamo"])
+def test_a_read_at_two_index_tensors_trains_without_fallback(path):
+    x = torch.randn(2, 3, 5, 6, requires_grad=False)
+    _train_like_eager(_Pick2d(), _Pick2d(), x, path)

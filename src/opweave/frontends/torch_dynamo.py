@@ -19,7 +19,7 @@ import weakref
 import torch
 
 from ..options import Options
-from .decompositions import decomposition_table
+from .decompositions import decomposition_table, ops_kept_whole
 from .freezing import FrozenProgram, freezable_positions
 from .program import CompiledProgram
 from .training import float32_training
@@ -129,4 +129,5 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
                                       dynamo_inputs=list(example_inputs), options=resolved)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                            inference_compiler=inference, decompositions=decomposition_table())
-    return backend(gm, example_inputs)
+    with ops_kept_whole():
+        return backend(gm, example_inputs)

@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-from .decompositions import decomposition_table
+from .decompositions import decomposition_table, ops_kept_whole
 from ..notices import warn_once
 from ..options import Options
 from .program import CompiledProgram, OpweaveFallbackWarning
@@ -88,8 +88,9 @@ def capture_joint(model: torch.nn.Module, example_inputs: Sequence[torch.Tensor]
     from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedFakeTensorException
 
     def export(wrapper, inputs):
-        return aot_export_module(wrapper(model), inputs, trace_joint=True,
-                                 output_loss_index=0, decompositions=decomposition_table())
+        with ops_kept_whole():
+            return aot_export_module(wrapper(model), inputs, trace_joint=True,
+                                     output_loss_index=0, decompositions=decomposition_table())
 
     def trace(inputs):
         try:
