@@ -174,9 +174,8 @@ def _single_index(ctx, indices):
 def _index_put(ctx, x, indices, values, accumulate=False):
     """x[idx] = values (or +=) with one integer index tensor on dim 0 (embedding
     backward), or with index tensors at adjacent dims: then the dims up to the last
-    indexed one are flattened and indexed by one row-major index (`_linear_index`; the
-    backward of upsampling as torch.compile decomposes it, which gathers with a row index
-    and a column index)."""
+    indexed one are flattened and indexed by one row-major index (`_linear_index`: the
+    gradient of a read at a row and a column index, `x[:, :, rows, cols]`)."""
     v = ctx.value(x)
     shape = _shape(v)
     if sum(t is not None for t in indices) == 1 and indices[0] is not None:
@@ -186,9 +185,8 @@ def _index_put(ctx, x, indices, values, accumulate=False):
         rows, flat_shape = _shape(index), shape
     else:
         index, rows = _linear_index(ctx, shape, indices, 0)
-        first, count = _adjacent(indices)
-        last = first + count
-        flat_shape = [math.prod(shape[:last])] + shape[last:]
+        first, indexed = _adjacent(indices)
+        flat_shape = [math.prod(shape[:first + indexed])] + shape[first + indexed:]
     count = math.prod(rows)
     vals = ctx.value(values)
     if _shape(vals) != rows + flat_shape[1:]:
