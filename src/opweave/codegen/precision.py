@@ -1,8 +1,9 @@
 """The precision policy: which steps compute in bfloat16, and how (`Options.precision`).
 
 "fp32" (the default) computes everything in float32. "bf16": matrix products,
-convolutions (transposed ones too) and attention read their operands rounded to bfloat16 and accumulate in
-float32 (oneDNN's bf16 primitives, with weights stored in bf16 at compile time; for
+convolutions (transposed ones too) and attention read their operands rounded to bfloat16
+and accumulate in float32 (oneDNN's bf16 primitives, with weights stored in bf16 at
+compile time, but for a transposed convolution, a single op rounded at each call; for
 attention torch's bf16 flash-attention kernel or the per-head form on oneDNN's bf16
 matmul, both keeping the softmax in float32). The step's result, with
 its fused epilogue (bias, activation, residual add), is rounded to bfloat16 once: widened

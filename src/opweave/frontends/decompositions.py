@@ -32,17 +32,15 @@ def decomposition_table() -> dict:
     # batch_norm_backward): its statistics reduce over all axes but the channel, which
     # no generated kernel fuses, so the primitives would only add passes over memory.
     table.pop(aten.native_batch_norm_backward.default, None)
-    # Nearest upsampling stays whole (IR ops upsample_nearest2d and its backward): its
-    # decomposition gathers with two index tensors, whose backward scatter-adds with them
-    # (index_put with two indices), which the IR does not take, so it ran in eager.
-    table.pop(aten.upsample_nearest2d.default, None)
+    for op in KEPT_WHOLE:  # (see ops_kept_whole)
+        table.pop(op, None)
     return table
 
 
-# Ops torch decomposes whenever it traces through autograd, whatever the table says: its
-# Python kernels on the Autograd (and CompositeImplicitAutograd) keys turn upsampling into
-# index reads, and its backward into scatter-adds (index_put with a row and a column
-# index). The IR takes them whole (torch's kernels, channels-last): SegFormer's
+# Ops kept whole: out of the table, and, since torch decomposes them whenever it traces
+# through autograd whatever the table says, without their Python kernels on the Autograd
+# (and CompositeImplicitAutograd) keys while opweave traces. Decomposed, upsampling is
+# index reads, and its backward scatter-adds (index_put with a row and a column index). The IR takes them whole (torch's kernels, channels-last): SegFormer's
 # segmentation head spent about 280 ms of a 970 ms training step in the decomposed forms,
 # where eager's kernels take 85.
 KEPT_WHOLE = (aten.upsample_nearest2d.vec, aten.upsample_nearest2d.default,

@@ -44,7 +44,7 @@ from ..runtime.executor import InputError
 from . import caches
 from .binding import (Binder, Spelling, call_key, check_tensor_types, flatten, is_flat,
                       tensor_leaves, tensor_types)
-from .decompositions import decomposition_table
+from .decompositions import decomposition_table, ops_kept_whole
 from .dynamic_inputs import DynamicInputTypes, export_ranges
 from .program import CompiledProgram, Coverage, OpweaveFallbackWarning
 from .weights import WeightsChangedWarning, WeightWatch
@@ -409,7 +409,7 @@ def _capture_make_fx(model, args: tuple, kwargs: dict):
 
     saved = {name: b.clone() for name, b in model.named_buffers()}  # tracing runs the model
     examples = [leaves[i].clone() for i in where]  # ... and must not write to the caller's
-    with torch.no_grad():
+    with torch.no_grad(), ops_kept_whole():
         gm = make_fx(torch.func.functionalize(flat_model, remove="mutations"),
                      decomposition_table=decomposition_table())(*examples)
     written = _written_constants(gm)

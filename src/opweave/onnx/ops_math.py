@@ -446,7 +446,6 @@ def _as_2d_pooling(pool):
         x = ins[0]
         if x.type.rank != 3:
             return pool(low, node, ins, attrs)
-        need_float(low, x)
         n, c, length = x.type.shape
         wide = {k: [1, *attrs[k]] for k in ("kernel_shape", "strides", "dilations")
                 if k in attrs}
