@@ -274,6 +274,58 @@ class _TwoBlocks(nn.Module):
         return h.mean((2, 3))
 
 
+def test_a_form_handed_bf16_is_measured_on_the_operand_it_would_read():
+    """Where a group's operand comes to it in bf16, its bf16 forms are measured on that
+    operand as it is, its float32 forms on it widened: each reads what it would read
+    between bf16 steps, not a float32 operand the bf16 forms would round at every call."""
+    from opweave.codegen import choice
+
+    read = {}
+
+    def form(name):
+        def fn(x, residual):
+            read[name] = (x.dtype, x.clone(), residual.dtype)
+            return [x]
+        return fn
+
+    names = ("onednn-direct-bf16", "onednn-bf16", "onednn-direct", "reference")
+    x, residual = torch.randn(4, 8), torch.randn(4, 8)
+    samples = choice.measure(choice.handed_bf16({n: form(n) for n in names}), [x, residual],
+                             rounds=1)
+    assert set(samples) == set(names) and all(len(t) == 1 for t in samples.values())
+    rounded = x.to(torch.bfloat16)
+    for name in names:
+        dtype, seen, residual_dtype = read[name]
+        assert dtype == (torch.bfloat16 if name.endswith("-bf16") else torch.float32), name
+        assert torch.equal(seen.float(), rounded.float()), name  # rounded once, exactly
+        assert residual_dtype == torch.float32  # only the operand is handed on in bf16
+
+
+@needs_bf16
+def test_only_a_group_handed_bf16_measures_its_forms_on_a_bf16_operand(monkeypatch):
+    """A convolution reading another's result (handed bf16) measures its forms on a bf16
+    operand; the first one, reading the graph's float32 input, on that input as it is."""
+    from opweave.codegen import choice
+
+    operands = {}
+
+    def stub_measure(candidates, args, rounds=7):
+        own = {name: fn.measured_args(args) if hasattr(fn, "measured_args") else args
+               for name, fn in candidates.items()}
+        operands[args[0].shape[1]] = {a[0].dtype for a in own.values()}
+        return {name: [1.0 if name.endswith("-bf16") else 2.0] for name in candidates}
+
+    monkeypatch.setattr(choice, "measure", stub_measure)
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    model = nn.Sequential(nn.Conv2d(8, 16, 1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1, groups=16)).eval()
+    x = torch.randn(1, 8, 12, 12)
+    options = Options(deterministic=True, precision="bf16", native="off", tuning_db=None)
+    with torch.no_grad():
+        opweave.compile(model, (x,), options=options)
+    assert operands == {8: {torch.float32}, 16: {torch.bfloat16}}
+
+
 @needs_bf16
 def test_a_float32_convolution_between_bf16_ones_adds_into_its_residual(monkeypatch):
     """With the timings stubbed, the convolutions adding a residual measure faster in

@@ -120,7 +120,10 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
     if recalled is None:
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
-        samples = measure(tune.shortlist(KIND, key, candidates, tune.active()), args, rounds)
+        shortlist = tune.shortlist(KIND, key, candidates, tune.active())
+        if ("reads", "bf16") in key:
+            shortlist = handed_bf16(shortlist)
+        samples = measure(shortlist, args, rounds)
         if recheck:  # with every earlier sample of today's forms
             earlier = tune.recorded_samples(KIND, key)
             samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
@@ -166,10 +169,11 @@ def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> s
     """The bf16 forms' pick (as `_preferring_direct`), unless a float32 form measured
     faster (the float32 forms' pick, as `_preferring_direct`): that one is only more
     accurate. `handed`: the group's operand may come to it in bf16
-    (`precision.may_arrive_in_bf16`); then the float32 form must be more than BF16_MARGIN
-    faster. Measured here, a bf16 form rounds its float32 operand and widens its result,
-    which between bf16 steps it does not, so it runs faster there than it measured, and a
-    float32 form there makes its neighbours convert. A group reading a float32 operand
+    (`precision.may_arrive_in_bf16`, and each form was measured on it as it would read it:
+    `handed_bf16`); then the float32 form must be more than BF16_MARGIN faster. Measured
+    here, a bf16 form widens its result, which between bf16 steps it does not, so it runs
+    faster there than it measured, and a float32 form there makes its readers round its
+    result. A group reading a float32 operand
     (a graph input) rounds it at every call, as measured. Small products and products
     bound by their operand's bytes run faster in float32: GCN's [2708, 1433] x [1433, 16]
     product on its input features, 673-677 us on oneDNN's direct float32 form against
@@ -217,6 +221,24 @@ def _preferring_int8(samples: dict[str, list[float]]) -> str:
         if fastest[name] <= fastest[best] * (1 + INT8_MARGIN):
             return name
     return best
+
+
+def handed_bf16(candidates: dict[str, Callable]) -> dict[str, Callable]:
+    """The forms of a group whose operand comes to it in bf16 (`precision.
+    may_arrive_in_bf16`), each measured on the operand as it would read it there: the bf16
+    forms on the rounded operand as it is, the float32 forms widening it first. Measured
+    on a float32 operand, a bf16 form rounds it at every call, which between bf16 steps
+    it does not: MobileNetV2's depthwise 3x3 over [1, 96, 113, 113] measured 162 us in
+    bf16 against 95 in float32 that way, and runs in 68 against 88 (+ the widening) on a
+    bf16 operand (oneDNN's direct forms, 2-core Zen 4)."""
+    def reading(name: str, fn: Callable) -> Callable:
+        low = name.endswith(prec.LOW_SUFFIX)
+
+        def call(x, *rest):
+            return fn(x if low else prec.widen(x), *rest)
+        call.measured_args = lambda args: [prec.narrow(args[0]), *args[1:]]
+        return call
+    return {name: reading(name, fn) for name, fn in candidates.items()}
 
 
 class _Anything:

@@ -79,8 +79,9 @@ REVISIONS = {"library-form": 7, "library-form-by-size-class": 7, "attention-form
 # ("precision", name)), so the others' records stay current. library-form 8 under "bf16":
 # the bf16 forms are named "onednn-bf16", "onednn-direct-bf16", ... and are measured
 # against the float32 forms, which keep their names (a bf16 record's "onednn-direct" had
-# meant the bf16 form).
-PRECISION_REVISIONS = {("library-form", "bf16"): 8, ("library-form-by-size-class", "bf16"): 8}
+# meant the bf16 form). 9: a group whose operand may arrive in bf16 measures its forms on
+# that operand as they would read it (`choice.handed_bf16`), no longer on a float32 one.
+PRECISION_REVISIONS = {("library-form", "bf16"): 9, ("library-form-by-size-class", "bf16"): 9}
 
 
 def revision(kind: str, workload_text: str) -> int:
