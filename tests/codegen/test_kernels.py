@@ -502,6 +502,72 @@ def test_max_pool_kernels_on_bf16_give_the_float32_result_rounded(op, attrs, sha
 
 
 @needs_gxx
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_a_pointwise_kernel_of_one_tensor_on_bf16_gives_the_float32_result_rounded(layout):
+    """SiLU and hardswish over one tensor (a convolution's result under bf16) have a bf16
+    form: it reads bf16, computes in float32 and writes its results rounded as torch
+    rounds (ties to even, NaN quiet, overflow to inf): the float32 kernel's results on
+    the widened input, rounded, to the bit, both outputs, in the input's layout."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((1, 16, 9, 7), F32))
+    silu = g.add1("mul", [x, g.add1("sigmoid", [x])])
+    three, six = (g.add_constant(n, torch.tensor(v)) for n, v in (("three", 3.0), ("six", 6.0)))
+    clamped = g.add1("clamp", [g.add1("add", [x, three])], {"min": 0.0, "max": 6.0})
+    g.outputs = [silu, g.add1("div", [g.add1("mul", [x, clamped]), six])]
+    lowered = lower(g, "greedy", measure=False)
+    kernels = [s.fn for s in lowered.steps if s.kind == "cpp"]
+    assert kernels and all(k.passes_bf16 and k.rounds_bf16 for k in kernels)
+    data = _bf16_pool_input((1, 16, 9, 7))
+    flat = data.view(-1)
+    flat[13::61] = torch.tensor(3.3895e38).to(torch.bfloat16)  # near the largest bf16
+    data = data.contiguous(memory_format=layout)
+    want = [y.to(torch.bfloat16) for k in kernels for y in k(data.float())]
+    got = [y for k in kernels for y in k(data)]
+    assert len(got) == 2
+    for a, b in zip(got, want):
+        assert a.dtype == torch.bfloat16 and a.stride() == data.stride()
+        nan = torch.isnan(b)
+        assert torch.equal(torch.isnan(a), nan) and nan.any()
+        assert torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))  # the bits
+        assert torch.isinf(b).any()
+
+
+@needs_gxx
+def test_a_pointwise_kernels_bf16_loop_vectorizes(tmp_path):
+    import subprocess
+
+    from opweave.codegen import build
+    from opweave.codegen.prelude import PRELUDE
+    from opweave.codegen.render import render
+
+    g = Graph("g")
+    x = g.add_input("x", TensorType((1, 16, 90, 70), F32))
+    g.outputs = [g.add1("mul", [x, g.add1("sigmoid", [x])])]
+    src = render(g, [n for n in g.nodes if n.op != "constant"], lambda v: v in g.outputs)
+    assert src.bf16_names == (f"{src.name}_bf16", None)
+    path = tmp_path / "silu.cpp"
+    path.write_text(PRELUDE + src.body)
+    proc = subprocess.run(["g++", *build.FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
+                           str(tmp_path / "silu.so")], capture_output=True, text=True, check=True)
+    first = (PRELUDE + src.body).splitlines().index(
+        f'extern "C" void {src.name}_bf16(void** args) {{') + 1
+    lines = {int(ln.split(":")[1]) for ln in proc.stderr.splitlines()
+             if "silu.cpp" in ln and "loop vectorized" in ln}
+    assert any(n > first for n in lines), proc.stderr  # the bf16 form's loop
+
+
+def test_a_kernel_with_two_tensors_or_a_reduction_has_no_bf16_form():
+    g = Graph("g")
+    x = g.add_input("x", TensorType((4, 32), F32))
+    y = g.add_input("y", TensorType((4, 32), F32))
+    g.outputs = [g.add1("mul", [x, g.add1("sigmoid", [y])]),
+                 g.add1("softmax", [g.add1("relu", [x])], {"dim": -1})]
+    lowered = lower(g, "greedy", measure=False)
+    kernels = [s.fn for s in lowered.steps if s.kind == "cpp"]
+    assert kernels and not any(k.passes_bf16 for k in kernels)
+
+
+@needs_gxx
 def test_max_pool_with_indices_or_dilation_stays_in_torch():
     for extra in ({"with_indices": True}, {"dilation": [2, 2]}):
         g = Graph("g")

@@ -326,6 +326,61 @@ def test_only_a_group_handed_bf16_measures_its_forms_on_a_bf16_operand(monkeypat
     assert operands == {8: {torch.float32}, 16: {torch.bfloat16}}
 
 
+class _SiluBlocks(nn.Module):
+    """Convolutions with SiLU between them (a pointwise kernel over one tensor), a
+    layer norm whose result a SiLU kernel reads, and a SiLU whose result is the output."""
+
+    def __init__(self):
+        super().__init__()
+        self.expand = nn.Conv2d(8, 32, 1)
+        self.depthwise = nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.project = nn.Conv2d(32, 16, 1)
+        self.norm = nn.LayerNorm(10)
+
+    def forward(self, x):
+        y = self.depthwise(F.silu(self.expand(x)))
+        y = self.project(F.silu(y))
+        return F.silu(self.project(F.silu(self.norm(x.repeat(1, 4, 1, 1))))) + F.silu(y)
+
+
+@needs_bf16
+def test_a_pointwise_kernel_between_bf16_steps_reads_and_writes_bf16(monkeypatch):
+    """A SiLU kernel between two bf16 convolutions is handed the first one's result in
+    bf16 and hands its own on in bf16, giving to the bit what the float32 kernel between
+    the same steps gives (timings stubbed: every group in bf16). Not where float32 would
+    not have rounded its operand (a layer norm's result) or where its result is read in
+    float32 (the graph's output)."""
+    from opweave.codegen import choice, render
+
+    def stub_measure(candidates, args, rounds=7):
+        return {name: [1.0 if name == "onednn-direct-bf16" else 2.0] for name in candidates}
+
+    monkeypatch.setattr(choice, "measure", stub_measure)
+    torch.manual_seed(0)
+    model, x = _SiluBlocks().eval(), torch.randn(1, 8, 10, 10)
+    options = Options(deterministic=True, precision="bf16", tuning_db=None)
+    compiled = {}
+    with torch.no_grad():
+        for variants in (True, False):
+            monkeypatch.setattr(choice, "_CHOICES", {})
+            if not variants:
+                monkeypatch.setattr(render, "bf16_variant_fits", lambda em: False)
+            compiled[variants] = opweave.compile(model, (x,), options=options)
+        got, without = compiled[True](x), compiled[False](x)
+        reference = model.double()(x.double())
+    assert torch.equal(got, without)
+    assert _rel_l2(got, reference) < BF16_REL_L2
+    steps = compiled[True].program.compiled_graphs[0].executor.lowered_steps
+    kernels = [s for s in steps if s.kind == "cpp"]
+    handed = [s for s in kernels if all(
+        (p := next(q for q in steps if v in q.outputs)) and
+        precision.low_precision_call(p) is not None and
+        precision.low_precision_call(p).keep_low for v in s.inputs)]
+    # the two SiLUs between convolutions, and none of the others
+    assert len(handed) == 2 and all(s.fn.rounds_bf16 for s in handed), [s.name for s in steps]
+    assert len(kernels) > len(handed)
+
+
 @needs_bf16
 def test_a_float32_convolution_between_bf16_ones_adds_into_its_residual(monkeypatch):
     """With the timings stubbed, the convolutions adding a residual measure faster in
@@ -435,6 +490,14 @@ def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     assert precision.conversion_bytes(ctx, frozenset([relu])) == 16 * 8 * 4 * 3 // 2
     g.outputs.append(y)  # a graph output is widened for it anyway
     assert precision.conversion_bytes(Context(g, FUSIBLE), frozenset([relu])) == 0
+    # a pointwise kernel over one tensor between bf16 steps reads and writes bf16
+    silu = g.add1("mul", [h, g.add1("sigmoid", [h])])
+    z = linear(g, silu, 32, 8, "fc3")
+    g.outputs.append(z)
+    ctx = Context(g, FUSIBLE)
+    assert precision.conversion_bytes(ctx, frozenset([silu.producer,
+                                                      silu.producer.inputs[1].producer])) == 0
+    assert precision.conversion_bytes(ctx, frozenset([silu.producer])) > 0  # reads sigmoid's
 
 
 def test_units_reads_the_cpus_flags():

@@ -457,13 +457,16 @@ class CppKernel:
                                  f"not {len(src.inputs)}")
             self.functions[torch.bfloat16] = (_addressed(bf16_fn),
                                               _addressed(bf16_channels_last_fn))
+        # its bf16 form rounds its result (a pointwise kernel's), not only picks elements
+        self.rounds_bf16 = src.bf16_rounds
         self.channels_last_out = src.channels_last_out
         self.dense_inputs = src.dense_inputs
 
     @property
     def passes_bf16(self) -> bool:
         """Whether it computes on a bf16 input what it computes on the widened one, rounded
-        (codegen/precision.hand_off_in_bf16 hands it bf16 results)."""
+        (codegen/precision.hand_off_in_bf16 hands it bf16 results where its readers would
+        round its result anyway)."""
         return torch.bfloat16 in self.functions
 
     def __call__(self, *inputs):

@@ -115,14 +115,22 @@ PASSING_OPS = frozenset({"cat"})
 
 
 def passes_bf16(step) -> bool:
-    """Whether `step` hands a bf16 operand on as bf16, computing on it exactly what it
-    computes on the widened one: a single view op or `PASSING_OPS` op (torch takes any
+    """Whether `step` hands a bf16 operand on as bf16, computing on it what it computes on
+    the widened one, rounded: a single view op or `PASSING_OPS` op (torch takes any
     dtype), or a generated kernel with bf16 variants (`CppKernel.passes_bf16`: max
-    pooling)."""
+    pooling; a pointwise kernel over one input, which rounds: `rounds_bf16`)."""
     if step.kind == "op" and len(step.nodes) == 1:
         node = step.nodes[0]
         return node.opdef.is_view or node.op in PASSING_OPS
     return getattr(step.fn, "passes_bf16", False)
+
+
+def rounds_bf16(step) -> bool:
+    """Whether `step`'s bf16 form rounds a result its float32 form would not (a pointwise
+    kernel's: `CppKernel.rounds_bf16`), where a view, cat or max pooling only moves or
+    picks elements: such a step is handed bf16 only where every reader of its result
+    would round it, not where a norm (`MixedCall`) would widen it."""
+    return getattr(step.fn, "rounds_bf16", False)
 
 
 # ops that end a bf16 group's epilogue (bias, activation, residual add): the group's
@@ -160,9 +168,43 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4,
         return False
     if p.op in LOWERED_OPS or (from_norms and p.op in MIXED_OPS):
         return True
-    if depth == 0 or p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
+    if depth == 0:
         return False
+    if p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
+        # a pointwise function of one tensor (SiLU: x * sigmoid(x)), a generated kernel
+        # with a bf16 form (codegen/render.bf16_variant_fits)
+        source = _pointwise_source(v, graph_outputs)
+        return source is not None and may_arrive_in_bf16(source, graph_outputs, depth - 1,
+                                                         from_norms=False)
     return any(may_arrive_in_bf16(u, graph_outputs, depth - 1, from_norms) for u in p.inputs)
+
+
+# the ops of a pointwise kernel's formula (codegen/render.FUSIBLE's one-to-one ones)
+_POINTWISE_OPS = frozenset({"add", "sub", "mul", "div", "neg", "abs", "exp", "sqrt", "rsqrt",
+                            "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "clamp",
+                            "maximum", "minimum", "pow"})
+
+
+def _pointwise_source(v, graph_outputs, limit: int = 8):
+    """The one tensor `v` is a pointwise function of (scalar constants aside), through at
+    most `limit` pointwise ops of its shape, none a graph output; None if not one."""
+    sources, seen, todo = set(), set(), [v]
+    while todo:
+        u = todo.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        p = u.producer
+        if p is not None and p.op == "constant" and u.type.numel == 1:
+            continue
+        if u is not v and (p is None or p.op not in _POINTWISE_OPS or u in graph_outputs
+                           or u.type.shape != v.type.shape or len(seen) > limit):
+            sources.add(u)
+            continue
+        if p is None or p.op not in _POINTWISE_OPS:
+            return None
+        todo.extend(p.inputs)
+    return next(iter(sources)) if len(sources) == 1 else None
 
 
 def read_in_bf16(v, users) -> bool:
@@ -177,14 +219,26 @@ def read_in_bf16(v, users) -> bool:
     return False
 
 
+def _only_read_in_bf16(v, users) -> bool:
+    """Whether every reader of `v` is a product, convolution or attention, directly or
+    through views and cat: all of them would round it."""
+    readers = users.get(v, ())
+    return bool(readers) and all(
+        u.op in LOWERED_OPS or ((u.opdef.is_view or u.op in PASSING_OPS)
+                                and all(_only_read_in_bf16(o, users) for o in u.outputs))
+        for u in readers)
+
+
 def conversion_bytes(ctx, members) -> int:
     """The bytes a group computing in float32 makes the bf16 steps around it convert: each
     value it reads that may arrive in bf16 is widened for it, and each value it writes
     that a bf16 step reads is rounded again (2 bytes read and 4 written, or 4 and 2, an
     element); a norm's result is not widened (it writes float32 for such a reader). Zero
     for a group with a product, convolution or attention (measured in bf16 with its
-    conversions), and for one op that takes bf16 as it comes (a view, cat, a pooling with
-    bf16 kernels, a layer norm: `MixedCall`). The partitioner adds their
+    conversions), for one op that takes bf16 as it comes (a view, cat, a pooling with
+    bf16 kernels, a layer norm: `MixedCall`), and for a pointwise kernel over one tensor
+    from a bf16 step whose results only bf16 steps read (its bf16 form reads and writes
+    bf16 there: codegen/render.bf16_variant_fits). The partitioner adds their
     time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
     kernel between bf16 steps as free of them, and noise chose between BERT-base's FFN
     output with its residual add in the product's epilogue and the norm alone (55.6 ms a
@@ -197,6 +251,15 @@ def conversion_bytes(ctx, members) -> int:
             return 0
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
+    tensors = [v for v in inputs if not (v.producer is not None and v.producer.op == "constant"
+                                         and v.type.numel == 1)]
+    if all(n.op in _POINTWISE_OPS for n in members) and len(tensors) == 1 \
+            and tensors[0].type.dtype == torch.float32 \
+            and may_arrive_in_bf16(tensors[0], ctx.graph_outputs, from_norms=False) \
+            and all(v.type.shape == tensors[0].type.shape and v.type.dtype == torch.float32
+                    and v not in ctx.graph_outputs and _only_read_in_bf16(v, ctx.users)
+                    for v in outputs):
+        return 0  # a pointwise kernel over one tensor reads and writes bf16 there
     widened = sum(v.type.nbytes for v in inputs if v.type.dtype == torch.float32
                   and may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False))
     rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
@@ -209,9 +272,12 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
     step that reads it, directly or through steps that pass bf16 on exactly
     (`passes_bf16`: views, concatenation, max pooling), computes in bf16 itself. A bf16
     step's output (rounded already) may also go to a `MixedCall` that reads it where it
-    may: it widens it exactly. A `MixedCall`'s own output (float32 arithmetic) is rounded
-    only for readers that round it: for another norm it would be a rounding that was not
-    there. Graph outputs stay float32. Returns the number of outputs handed off."""
+    may: it widens it exactly; and to a pointwise kernel that rounds (`rounds_bf16`) whose
+    own results only bf16 steps read: float32 would compute the same on the widened
+    value, and those readers would round its result. A `MixedCall`'s own output (float32
+    arithmetic) is rounded only for readers that round it: for another norm, or a
+    pointwise kernel, it would be a rounding that was not there. Graph outputs stay
+    float32. Returns the number of outputs handed off."""
     readers: dict = {}
     for step in steps:
         for v in dict.fromkeys(step.inputs):
@@ -225,7 +291,13 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
             if r.precision == "bf16" and low_precision_call(r) is not None:
                 continue
             if passes_bf16(r):
-                if all(rounded_by_readers(o, widening_too) for o in r.outputs):
+                # a rounding kernel computes what float32 computes only on a value
+                # float32 would have rounded already (a bf16 step's result), and its own
+                # rounded result only for readers that round it themselves
+                if rounds_bf16(r) and not widening_too:
+                    return False
+                onward = widening_too and not rounds_bf16(r)
+                if all(rounded_by_readers(o, onward) for o in r.outputs):
                     continue
                 return False
             if not (widening_too and isinstance(r.fn, MixedCall) and all(

@@ -79,6 +79,23 @@ static inline float ow_pow(float x, float y) {
   return std::pow(x, y);
 }
 
+// A bfloat16 (its bits) widened to float32: exact.
+static inline float ow_bf16_widen(uint16_t bits) {
+  const uint32_t u = (uint32_t)bits << 16;
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+// A float32 rounded to bfloat16 (its bits) as torch rounds it: to nearest, ties to even;
+// a NaN becomes the quiet NaN 0x7FC0.
+static inline uint16_t ow_bf16_round(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  const uint32_t rounded = (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+  return x != x ? (uint16_t)0x7FC0 : (uint16_t)rounded;
+}
+
 // A bfloat16's bits as a 16-bit integer in the order of the values (NaN aside): a negative
 // value's magnitude bits flipped. Applied to a key it gives the bits back.
 static inline int16_t ow_bf16_key(uint16_t bits) {

@@ -52,9 +52,13 @@ class KernelSource:
     # the inputs (positions) that must be channels-last for it, the others row-major;
     # None: all of them (a template's one input)
     dense_inputs: tuple[int, ...] | None = None
-    # the same kernel on bfloat16 tensors (row-major, channels-last), where its result on
-    # a bf16 input is exactly its float32 result rounded (max pooling: codegen/templates)
+    # the same kernel on bfloat16 tensors (row-major, channels-last): its float32 result
+    # on the widened bf16 input, rounded (codegen/precision.hand_off_in_bf16 hands it a
+    # bf16 input only where that is all its readers would read)
     bf16_names: tuple[str, str | None] | None = None
+    # whether its bf16 form rounds a result float32 would not (a pointwise kernel), where a
+    # max pooling's only picks elements of its input: exact
+    bf16_rounds: bool = False
 
     def function_names(self) -> list[str]:
         """Every function `body` defines: the kernel and its variants."""
@@ -68,6 +72,7 @@ class GroupEmitter:
     language (this one C++, codegen/triton the other)."""
 
     int_div = "/"  # integer division of non-negative row numbers
+    low = False  # reads and writes bfloat16 (`bf16_variant_fits`), computing in float32
 
     def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
@@ -120,6 +125,8 @@ class GroupEmitter:
 
     def element(self, v: Value) -> str:
         """Input `v`'s element at the current row and column."""
+        if self.low:
+            return f"ow_bf16_widen({self.arg(v)}[{self.index(v)}])"
         return f"{self.arg(v)}[{self.index(v)}]"
 
     def index(self, v: Value) -> str:
@@ -261,6 +268,13 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     name = f"ow_k_{digest}"
     src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
     layout_free = em.elementwise
+    if bf16_variant_fits(em):
+        low = GroupEmitter(graph, members, escapes)
+        low.low = True
+        src += (f'extern "C" {attributes}void {name}_bf16(void** args) {{\n'
+                + "\n".join(_function(low, members, None, threads)) + "\n}\n")
+        return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
+                            bf16_names=(f"{name}_bf16", None), bf16_rounds=True)
     dense = channels_last_dense_inputs(em, reduce)
     if dense is None:
         return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
@@ -270,6 +284,19 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
                         channels_last_name=f"{name}_cl", channels_last_out=True,
                         dense_inputs=dense)
+
+
+def bf16_variant_fits(em: GroupEmitter) -> bool:
+    """Whether the kernel also gets a form on bfloat16 tensors: a pointwise group over one
+    float32 input of its own shape, writing float32 values. Under precision "bf16" it sits
+    between convolutions or products (SiLU, a norm's scale and shift with ReLU after a
+    convolution), whose results come rounded to bf16 anyway: read as bf16 (widened in
+    registers, exactly) and written as bf16 where only bf16 steps read them (which would
+    round them), the kernel moves half the bytes and its neighbours convert nothing, with
+    the same values (codegen/precision.hand_off_in_bf16)."""
+    return (em.elementwise and len(em.inputs) == 1
+            and em.inputs[0].type.dtype == torch.float32
+            and all(v.type.dtype == torch.float32 for v in em.outputs))
 
 
 def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | None:
@@ -295,10 +322,12 @@ def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | No
 def _function(em: GroupEmitter, members, reduce, threads: str) -> list[str]:
     """The lines of one kernel function's body."""
     lines = []
+    out_type = "uint16_t*" if em.low else "float*"
     for i, v in enumerate(em.outputs):
-        lines.append(f"  float* __restrict a{i} = (float*)args[{i}];")
+        lines.append(f"  {out_type} __restrict a{i} = ({out_type})args[{i}];")
     for v in em.inputs:
-        lines.append(f"  {_ctype(v)} __restrict {em.arg(v)} = ({_ctype(v)})args[{em.outputs.__len__() + em.inputs.index(v)}];")
+        ctype = "const uint16_t*" if em.low else _ctype(v)
+        lines.append(f"  {ctype} __restrict {em.arg(v)} = ({ctype})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
     par = _parallel(threads, f"{total} >= {PARALLEL_MIN} && {em.rows} > 1", f"{em.rows} > 1")
     if em.elementwise:
@@ -352,7 +381,9 @@ def _node_lines(em, src: str) -> dict:
 
 
 def _stores(em, nodes, at: str) -> list[str]:
-    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = {em.names[n.outputs[0]]};"
+    spelled = "ow_bf16_round({})" if em.low else "{}"
+    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = "
+            f"{spelled.format(em.names[n.outputs[0]])};"
             for n in nodes if n.outputs[0] in em.outputs]
 
 
