@@ -533,6 +533,32 @@ def test_a_pointwise_kernel_of_one_tensor_on_bf16_gives_the_float32_result_round
 
 
 @needs_gxx
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_a_scale_and_shift_kernel_reads_its_activation_in_bf16_and_its_constants_in_float32(
+        layout):
+    """A batch norm's per-channel scale and shift with ReLU (DenseNet's pre-activation):
+    its bf16 form reads the activation in bf16, in either layout, and the broadcast
+    constants in float32; a bf16 operand anywhere else is refused, not misread."""
+    g = Graph("g")
+    x = g.add_input("x", TensorType((1, 24, 7, 5), F32))
+    scale = g.add_constant("scale", torch.randn(24, 1, 1))
+    shift = g.add_constant("shift", torch.randn(24, 1, 1))
+    g.outputs = [g.add1("relu", [g.add1("add", [g.add1("mul", [x, scale]), shift])])]
+    lowered = lower(g, "greedy", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "cpp"]
+    kernel, at = step.fn, step.inputs.index(x)
+    assert kernel.rounds_bf16 and kernel.bf16_input == at
+    data = torch.randn(1, 24, 7, 5).to(torch.bfloat16).contiguous(memory_format=layout)
+    args = [data if v is x else g.constants[v.producer.attrs["name"]] for v in step.inputs]
+    (want,) = kernel(*[a.float() if a is data else a for a in args])
+    (got,) = kernel(*args)
+    assert got.dtype == torch.bfloat16 and got.stride() == data.stride()
+    assert torch.equal(got, want.to(torch.bfloat16))
+    with pytest.raises(TypeError, match="reads float32 there"):
+        kernel(*[a.float() if a is data else a.to(torch.bfloat16) for a in args])
+
+
+@needs_gxx
 def test_a_pointwise_kernels_bf16_loop_vectorizes(tmp_path):
     import subprocess
 
@@ -556,7 +582,7 @@ def test_a_pointwise_kernels_bf16_loop_vectorizes(tmp_path):
     assert any(n > first for n in lines), proc.stderr  # the bf16 form's loop
 
 
-def test_a_kernel_with_two_tensors_or_a_reduction_has_no_bf16_form():
+def test_a_kernel_over_two_full_tensors_or_with_a_reduction_has_no_bf16_form():
     g = Graph("g")
     x = g.add_input("x", TensorType((4, 32), F32))
     y = g.add_input("y", TensorType((4, 32), F32))

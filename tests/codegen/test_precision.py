@@ -364,7 +364,7 @@ def test_a_pointwise_kernel_between_bf16_steps_reads_and_writes_bf16(monkeypatch
         for variants in (True, False):
             monkeypatch.setattr(choice, "_CHOICES", {})
             if not variants:
-                monkeypatch.setattr(render, "bf16_variant_fits", lambda em: False)
+                monkeypatch.setattr(render, "bf16_operand", lambda em, reduce: None)
             compiled[variants] = opweave.compile(model, (x,), options=options)
         got, without = compiled[True](x), compiled[False](x)
         reference = model.double()(x.double())

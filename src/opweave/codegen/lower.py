@@ -452,13 +452,11 @@ class CppKernel:
         # channels-last where `channels_last_out`), if it has one: in float32 and in bf16
         self.functions = {torch.float32: (_addressed(fn), _addressed(channels_last_fn))}
         if bf16_fn is not None:
-            if len(src.inputs) != 1:  # which form runs is decided by its one input's type
-                raise ValueError(f"kernel {src.name}: bf16 forms take one input, "
-                                 f"not {len(src.inputs)}")
             self.functions[torch.bfloat16] = (_addressed(bf16_fn),
                                               _addressed(bf16_channels_last_fn))
-        # its bf16 form rounds its result (a pointwise kernel's), not only picks elements
-        self.rounds_bf16 = src.bf16_rounds
+        # its bf16 form rounds its result (a pointwise kernel's), not only picks elements;
+        # which form runs is decided by the type of its input `bf16_input`
+        self.rounds_bf16, self.bf16_input = src.bf16_rounds, src.bf16_input
         self.channels_last_out = src.channels_last_out
         self.dense_inputs = src.dense_inputs
 
@@ -470,10 +468,11 @@ class CppKernel:
         return torch.bfloat16 in self.functions
 
     def __call__(self, *inputs):
-        low = self.passes_bf16 and inputs[0].dtype == torch.bfloat16
-        if not low and any(x.dtype == torch.bfloat16 for x in inputs):
+        low = self.passes_bf16 and inputs[self.bf16_input].dtype == torch.bfloat16
+        if any(x.dtype == torch.bfloat16 for i, x in enumerate(inputs)
+               if not (low and i == self.bf16_input)):
             # codegen/precision.hand_off_in_bf16 never hands it one: it would misread it
-            raise TypeError(f"kernel {self.source.name} reads float32, not bfloat16")
+            raise TypeError(f"kernel {self.source.name} reads float32 there, not bfloat16")
         (fn, address), channels_last = self.functions[torch.bfloat16 if low else torch.float32]
         out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] if low \
             else self.out_types

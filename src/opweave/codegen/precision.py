@@ -172,7 +172,7 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4,
         return False
     if p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
         # a pointwise function of one tensor (SiLU: x * sigmoid(x)), a generated kernel
-        # with a bf16 form (codegen/render.bf16_variant_fits)
+        # with a bf16 form (codegen/render.bf16_operand)
         source = _pointwise_source(v, graph_outputs)
         return source is not None and may_arrive_in_bf16(source, graph_outputs, depth - 1,
                                                          from_norms=False)
@@ -185,9 +185,17 @@ _POINTWISE_OPS = frozenset({"add", "sub", "mul", "div", "neg", "abs", "exp", "sq
                             "maximum", "minimum", "pow"})
 
 
+def _constant(v) -> bool:
+    """Whether `v` is a constant, or a view of one (a per-channel scale as [1, C, 1, 1])."""
+    p = v.producer
+    while p is not None and p.opdef.is_view and p.inputs:
+        p = p.inputs[0].producer
+    return p is not None and p.op == "constant"
+
+
 def _pointwise_source(v, graph_outputs, limit: int = 8):
-    """The one tensor `v` is a pointwise function of (scalar constants aside), through at
-    most `limit` pointwise ops of its shape, none a graph output; None if not one."""
+    """The one tensor `v` is a pointwise function of (constants aside), through at most
+    `limit` pointwise ops of its shape, none a graph output; None if not one."""
     sources, seen, todo = set(), set(), [v]
     while todo:
         u = todo.pop()
@@ -195,7 +203,7 @@ def _pointwise_source(v, graph_outputs, limit: int = 8):
             continue
         seen.add(u)
         p = u.producer
-        if p is not None and p.op == "constant" and u.type.numel == 1:
+        if _constant(u):
             continue
         if u is not v and (p is None or p.op not in _POINTWISE_OPS or u in graph_outputs
                            or u.type.shape != v.type.shape or len(seen) > limit):
@@ -238,7 +246,7 @@ def conversion_bytes(ctx, members) -> int:
     conversions), for one op that takes bf16 as it comes (a view, cat, a pooling with
     bf16 kernels, a layer norm: `MixedCall`), and for a pointwise kernel over one tensor
     from a bf16 step whose results only bf16 steps read (its bf16 form reads and writes
-    bf16 there: codegen/render.bf16_variant_fits). The partitioner adds their
+    bf16 there: codegen/render.bf16_operand). The partitioner adds their
     time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
     kernel between bf16 steps as free of them, and noise chose between BERT-base's FFN
     output with its residual add in the product's epilogue and the norm alone (55.6 ms a
@@ -251,8 +259,7 @@ def conversion_bytes(ctx, members) -> int:
             return 0
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
-    tensors = [v for v in inputs if not (v.producer is not None and v.producer.op == "constant"
-                                         and v.type.numel == 1)]
+    tensors = [v for v in inputs if not _constant(v)]
     if all(n.op in _POINTWISE_OPS for n in members) and len(tensors) == 1 \
             and tensors[0].type.dtype == torch.float32 \
             and may_arrive_in_bf16(tensors[0], ctx.graph_outputs, from_norms=False) \
@@ -291,9 +298,13 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
             if r.precision == "bf16" and low_precision_call(r) is not None:
                 continue
             if passes_bf16(r):
-                # a rounding kernel computes what float32 computes only on a value
-                # float32 would have rounded already (a bf16 step's result), and its own
-                # rounded result only for readers that round it themselves
+                # a kernel reads bf16 at one input only; a rounding one computes what
+                # float32 computes only on a value float32 would have rounded already (a
+                # bf16 step's result), and its own rounded result only for readers that
+                # round it themselves
+                at = getattr(r.fn, "bf16_input", None)
+                if at is not None and [i for i, u in enumerate(r.inputs) if u is v] != [at]:
+                    return False
                 if rounds_bf16(r) and not widening_too:
                     return False
                 onward = widening_too and not rounds_bf16(r)

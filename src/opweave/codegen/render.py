@@ -59,6 +59,8 @@ class KernelSource:
     # whether its bf16 form rounds a result float32 would not (a pointwise kernel), where a
     # max pooling's only picks elements of its input: exact
     bf16_rounds: bool = False
+    # the input its bf16 form reads in bf16 (the others, broadcast, stay float32)
+    bf16_input: int = 0
 
     def function_names(self) -> list[str]:
         """Every function `body` defines: the kernel and its variants."""
@@ -72,7 +74,8 @@ class GroupEmitter:
     language (this one C++, codegen/triton the other)."""
 
     int_div = "/"  # integer division of non-negative row numbers
-    low = False  # reads and writes bfloat16 (`bf16_variant_fits`), computing in float32
+    # the input read in bfloat16, its results written in it (`bf16_operand`); float32 math
+    low: Value | None = None
 
     def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
@@ -125,7 +128,7 @@ class GroupEmitter:
 
     def element(self, v: Value) -> str:
         """Input `v`'s element at the current row and column."""
-        if self.low:
+        if v is self.low:
             return f"ow_bf16_widen({self.arg(v)}[{self.index(v)}])"
         return f"{self.arg(v)}[{self.index(v)}]"
 
@@ -268,35 +271,45 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     name = f"ow_k_{digest}"
     src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
     layout_free = em.elementwise
-    if bf16_variant_fits(em):
-        low = GroupEmitter(graph, members, escapes)
-        low.low = True
-        src += (f'extern "C" {attributes}void {name}_bf16(void** args) {{\n'
-                + "\n".join(_function(low, members, None, threads)) + "\n}\n")
-        return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
-                            bf16_names=(f"{name}_bf16", None), bf16_rounds=True)
     dense = channels_last_dense_inputs(em, reduce)
-    if dense is None:
-        return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src))
-    walked = GroupEmitter(graph, members, escapes, channels_last=True)
-    src += (f'extern "C" {attributes}void {name}_cl(void** args) {{\n'
-            + "\n".join(_function(walked, members, None, threads)) + "\n}\n")
+    operand = bf16_operand(em, reduce)
+    variants = [("", False, None)] if operand is None else [("", False, None), ("_bf16", False, operand)]
+    if dense is not None:
+        variants += [(f"_cl{suffix}", True, low) for suffix, _, low in variants]
+    for suffix, walked, low in variants[1:]:
+        emitter = GroupEmitter(graph, members, escapes, channels_last=walked)
+        emitter.low = low
+        src += (f'extern "C" {attributes}void {name}{suffix}(void** args) {{\n'
+                + "\n".join(_function(emitter, members, None, threads)) + "\n}\n")
+    extra = {}
+    if dense is not None:
+        extra = dict(channels_last_name=f"{name}_cl", channels_last_out=True, dense_inputs=dense)
+    if operand is not None:
+        extra.update(bf16_names=(f"{name}_bf16", f"{name}_cl_bf16" if dense else None),
+                     bf16_rounds=True, bf16_input=em.inputs.index(operand))
     return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
-                        channels_last_name=f"{name}_cl", channels_last_out=True,
-                        dense_inputs=dense)
+                        **extra)
 
 
-def bf16_variant_fits(em: GroupEmitter) -> bool:
-    """Whether the kernel also gets a form on bfloat16 tensors: a pointwise group over one
-    float32 input of its own shape, writing float32 values. Under precision "bf16" it sits
-    between convolutions or products (SiLU, a norm's scale and shift with ReLU after a
-    convolution), whose results come rounded to bf16 anyway: read as bf16 (widened in
-    registers, exactly) and written as bf16 where only bf16 steps read them (which would
-    round them), the kernel moves half the bytes and its neighbours convert nothing, with
-    the same values (codegen/precision.hand_off_in_bf16)."""
-    return (em.elementwise and len(em.inputs) == 1
-            and em.inputs[0].type.dtype == torch.float32
-            and all(v.type.dtype == torch.float32 for v in em.outputs))
+def bf16_operand(em: GroupEmitter, reduce) -> Value | None:
+    """The input the kernel's form on bfloat16 reads in bf16, if it has one: a pointwise
+    group (no reduction) over one float32 input of its own shape, the others broadcast
+    float32 operands (a batch norm's per-channel scale and shift), writing float32
+    values of that shape. Under precision "bf16" it sits between convolutions or
+    products (SiLU; a norm's scale and shift with ReLU before a convolution), whose
+    results come rounded to bf16 anyway: read as bf16 (widened in registers, exactly)
+    and written as bf16 where only bf16 steps read them (which would round them), the
+    kernel moves half the bytes and its neighbours convert nothing, with the same
+    values (codegen/precision.hand_off_in_bf16)."""
+    if reduce is not None or not em.inputs or not em.shape:
+        return None
+    full = [v for v in em.inputs if em.shape_of(v) == em.shape]
+    if len(full) != 1 or any(v.type.dtype != torch.float32 for v in em.inputs):
+        return None
+    if any(v.type.dtype != torch.float32 or tuple(v.type.shape) != tuple(full[0].type.shape)
+           for v in em.outputs):
+        return None
+    return full[0]
 
 
 def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | None:
@@ -322,11 +335,11 @@ def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | No
 def _function(em: GroupEmitter, members, reduce, threads: str) -> list[str]:
     """The lines of one kernel function's body."""
     lines = []
-    out_type = "uint16_t*" if em.low else "float*"
+    out_type = "uint16_t*" if em.low is not None else "float*"
     for i, v in enumerate(em.outputs):
         lines.append(f"  {out_type} __restrict a{i} = ({out_type})args[{i}];")
     for v in em.inputs:
-        ctype = "const uint16_t*" if em.low else _ctype(v)
+        ctype = "const uint16_t*" if v is em.low else _ctype(v)
         lines.append(f"  {ctype} __restrict {em.arg(v)} = ({ctype})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
     par = _parallel(threads, f"{total} >= {PARALLEL_MIN} && {em.rows} > 1", f"{em.rows} > 1")
@@ -381,7 +394,7 @@ def _node_lines(em, src: str) -> dict:
 
 
 def _stores(em, nodes, at: str) -> list[str]:
-    spelled = "ow_bf16_round({})" if em.low else "{}"
+    spelled = "ow_bf16_round({})" if em.low is not None else "{}"
     return [f"a{em.outputs.index(n.outputs[0])}[{at}] = "
             f"{spelled.format(em.names[n.outputs[0]])};"
             for n in nodes if n.outputs[0] in em.outputs]
