@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opweave.codegen import choice, library, lower
+from opweave.codegen import choice, library, lower, onednn_direct
+from opweave.codegen import precision as prec
 from opweave.codegen.render import FUSIBLE
 from opweave.ir import Graph, TensorType
 from opweave.runtime import Executor
@@ -234,3 +235,50 @@ def test_zero_padding_before_a_convolution_keeps_its_operand_channels_last():
     (result,) = pad_step.fn(conv_out)
     assert result.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(result, torch.cat([conv_out, torch.zeros(1, 8, 6, 1)], 3))
+
+
+def _same_padded_depthwise(after: int):
+    """A convolution + ReLU, then TensorFlow's "SAME" zero padding before a stride-2
+    depthwise convolution: 0 rows and columns before, `after` after, as nested cats."""
+    g = Graph("same")
+    x = g.add_input("x", TensorType((1, 16, 8, 8), F32))
+    y = g.add1("relu", [_conv(g, x, 16, 16, 1, "c1")])
+    rows = g.add1("cat", [y, g.add_constant("zr", torch.zeros(1, 16, after, 8))], {"dim": 2})
+    padded = g.add1("cat", [rows, g.add_constant("zc", torch.zeros(1, 16, 8 + after, after))],
+                    {"dim": 3})
+    w = g.add_constant("dw_w", torch.randn(16, 1, 3, 3))
+    b = g.add_constant("dw_b", torch.randn(16))
+    out = g.add1("conv", [padded, w, b], {"stride": [2, 2], "padding": [0, 0],
+                                          "dilation": [1, 1], "groups": 16})
+    g.outputs = [g.add1("relu", [out])]
+    return g, y
+
+
+@pytest.mark.skipif(onednn_direct.library() is None, reason="needs oneDNN's own library")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_unequal_zero_padding_is_absorbed_by_the_direct_convolution(precision):
+    """The direct form pads each side by its own amount: the convolution reads the
+    activation before its padding, and the padding's copies are gone; the result is the
+    padded convolution's (bf16: within bf16's rounding of it)."""
+    if precision == "bf16" and not prec.bf16_supported():
+        pytest.skip("no bf16 here")
+    g, y = _same_padded_depthwise(after=1)
+    lowered = lower(g, "ilp", measure=False, precision=precision)
+    (step,) = [s for s in lowered.steps if s.kind == "library" and "absorbed" in s.name]
+    assert step.inputs[0] is y
+    assert not any("cat" in s.name for s in lowered.steps)
+    data = torch.randn(1, 16, 8, 8)
+    got = Executor(g, steps=lowered.steps)(data)
+    tolerance = 1e-4 if precision == "fp32" else 3e-2
+    for a, b in zip(got, Executor(g)(data)):
+        torch.testing.assert_close(a, b, atol=tolerance, rtol=tolerance)
+
+
+def test_zero_padding_beyond_the_kernels_reach_stays_a_copy():
+    g, _ = _same_padded_depthwise(after=3)
+    lowered = lower(g, "ilp", measure=False)
+    assert not any("absorbed" in s.name for s in lowered.steps)
+    assert sum(s.name == "cat (zero padding)" for s in lowered.steps) == 2
+    data = torch.randn(1, 16, 8, 8)
+    for a, b in zip(Executor(g, steps=lowered.steps)(data), Executor(g)(data)):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -275,15 +275,30 @@ def _direct_linear(graph, anchor, ep, out_shape, parts: int = 1, low: bool = Fal
 
 
 def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
-                 winograd: bool = False, low: bool = False):
+                 winograd: bool = False, low: bool = False, absorbed=None):
     """The convolution on oneDNN's own library (codegen/onednn_direct.py), 1-D ones as 2-D
     over a height of 1 as in `_conv`; its primitive is made at its first call. `parts` and
     `low`: as for `_direct_linear`; `winograd`: as Winograd's F(2x2, 3x3)
-    (`_winograd_fits`)."""
+    (`_winograd_fits`). `absorbed`: ((before, after) rows, (before, after) columns) of
+    zero padding written out before a 2-D one, which it reads unpadded instead."""
     one_d, weight, geometry = direct_geometry(graph, anchor)
     bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
     binary = onednn_direct.NO_BINARY if ep.binary is None else \
         onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
+    torch_form = lambda: _conv(graph, anchor, ep, out_shape, inplace, low)  # noqa: E731
+    if absorbed is not None:
+        (top, bottom), (left, right) = absorbed
+        shape = list(geometry)  # the unpadded input, padded by the primitive
+        ph, pw = shape[10:12]
+        shape[2:4] = [shape[2] - top - bottom, shape[3] - left - right]
+        shape[10:12] = [ph + top, pw + left]
+        geometry = (*shape, ph + bottom, pw + right)
+        unpadded = torch_form
+
+        def torch_form():  # if oneDNN has only its reference here: pad, then torch's form
+            padded = unpadded()
+            return lambda x, other=None: padded(
+                torch.constant_pad_nd(x, [left, right, top, bottom], 0.0), other)
     if winograd:
         conv = onednn_direct.WinogradConv(geometry, weight, bias, direct_unary(ep), binary)
     else:
@@ -294,8 +309,19 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
 
     def run(x, other=None):
         return [finish(conv(to_2d(x), None if other is None else to_2d(other)))]
-    return _unless_reference_only(run, lambda: _conv(graph, anchor, ep, out_shape, inplace,
-                                                     low))
+    return _unless_reference_only(run, torch_form)
+
+
+def padding_absorbed(graph, anchor: Node, ep: Epilogue, absorbed, inplace: bool = False,
+                     low: bool = False) -> Callable:
+    """The form "onednn-direct" (bf16: "onednn-direct-bf16") of a 2-D convolution that
+    reads its operand before the zero padding written out in front of it (`absorbed`, as
+    `_direct_conv` takes it): oneDNN pads each side by its own amount, where torch's
+    convolution pads both equally, so TensorFlow's "SAME" padding (one more row and
+    column after than before, at stride 2) is no longer a copy of the activation."""
+    out_shape = (ep.last or anchor).outputs[0].type.shape
+    fn = _direct_conv(graph, anchor, ep, out_shape, inplace, low=low, absorbed=absorbed)
+    return prec.LowPrecisionCall(fn) if low else fn
 
 
 # the fewest input and output channels a convolution has Winograd's form for: its

@@ -84,6 +84,18 @@ def zero_pad_step(graph: Graph, node: Node) -> Step | None:
     `cat` makes a channels-last activation row-major (96 x 113 x 113 floats before a
     depthwise convolution: 0.64 against 0.22 ms, and the convolution after it 0.22
     against 0.10 on the row-major copy; 2-core Zen 4). None where it is not one."""
+    padding = zero_padding(graph, node)
+    if padding is None:
+        return None
+    x, dim, before, after = padding
+    pad = [0, 0] * (node.outputs[0].type.rank - 1 - dim) + [before, after]
+    return Step(lambda t: [torch.constant_pad_nd(t, pad, 0.0)], [x],
+                list(node.outputs), [node], "op", "cat (zero padding)")
+
+
+def zero_padding(graph: Graph, node: Node) -> tuple[Value, int, int, int] | None:
+    """(operand, dim, zeros before, zeros after) of a cat of one operand between blocks of
+    constant zeros (how the frontends spell zero padding); None where it is not one."""
     if node.op != "cat":
         return None
     zero = [_is_constant(v) and _all_positive_zeros(graph.constants[v.producer.attrs["name"]])
@@ -91,13 +103,34 @@ def zero_pad_step(graph: Graph, node: Node) -> Step | None:
     if zero.count(False) != 1:
         return None
     k = zero.index(False)
-    rank = node.outputs[0].type.rank
-    dim = node.attrs["dim"] % rank
+    dim = node.attrs["dim"] % node.outputs[0].type.rank
     sizes = [v.type.shape[dim] for v in node.inputs]
-    before, after = sum(sizes[:k]), sum(sizes[k + 1:])
-    pad = [0, 0] * (rank - 1 - dim) + [before, after]
-    return Step(lambda x: [torch.constant_pad_nd(x, pad, 0.0)], [node.inputs[k]],
-                list(node.outputs), [node], "op", "cat (zero padding)")
+    return node.inputs[k], dim, sum(sizes[:k]), sum(sizes[k + 1:])
+
+
+def _absorbable_padding(graph, ctx, anchor: Node):
+    """(unpadded operand, ((top, bottom), (left, right))) where a 2-D convolution reads
+    zero padding written out along its height and width (nested cats, each read by
+    nothing else) that its direct form can pad itself (`library.padding_absorbed`);
+    None where there is none."""
+    x = anchor.inputs[0]
+    if anchor.op != "conv" or x.type.rank != 4 or not x.type.is_static:
+        return None
+    pads = {2: (0, 0), 3: (0, 0)}
+    while x.producer is not None and x not in ctx.graph_outputs \
+            and len(ctx.users.get(x, ())) == 1:
+        padding = zero_padding(graph, x.producer)
+        if padding is None or padding[1] not in pads or pads[padding[1]] != (0, 0):
+            break
+        x, dim, before, after = padding
+        pads[dim] = (before, after)
+    kernel = anchor.inputs[1].type.shape[2:]
+    extent = [d * (k - 1) for d, k in zip(anchor.attrs["dilation"], kernel)]
+    if x is anchor.inputs[0] or any(
+            p + side > e for (side_pads, p, e) in zip((pads[2], pads[3]), anchor.attrs["padding"],
+                                                        extent) for side in side_pads):
+        return None  # (padding beyond the kernel's reach: left to the copy)
+    return x, (pads[2], pads[3])
 
 
 def tile_mean_step(node: Node) -> Step | None:
@@ -338,6 +371,16 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
         # the library form reads only its leading inputs: the weight's view the reference
         # form reads is then computed by no step (`_drop_unread`)
         fn, ins = fn.form, ins[:fn.k]
+    absorbed = _absorbable_padding(graph, ctx, nodes[0]) \
+        if chosen in ("onednn-direct", "onednn-direct" + prec.LOW_SUFFIX) else None
+    if absorbed is not None:
+        # it reads the operand before its zero padding, whose steps nothing else reads
+        # then (`_drop_unread`), padding it itself (measured as the padded convolution)
+        x, pads = absorbed
+        fn = library.padding_absorbed(graph, nodes[0], ep, pads, inplace,
+                                      low=chosen.endswith(prec.LOW_SUFFIX))
+        ins = [x, *ins[1:]]
+        name += " (zero padding absorbed)"
     if isinstance(fn, int8.Int8Group):
         fn.start_calibration()  # float32 until calibrated (codegen/int8.Calibration)
     return Step(fn, ins, outputs, nodes, kind, name, overwrites, computes_in)

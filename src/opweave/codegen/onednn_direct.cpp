@@ -377,8 +377,10 @@ extern "C" {
 
 const char* ow_key() { return OPWEAVE_ONEDNN_KEY; }
 
-// geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (both
-// sides), dilation h/w (torch's convention: 1 = dense). weight: [O, C/groups, KH, KW]
+// geometry: N, C, H, W (the input), O, KH, KW, groups, stride h/w, padding h/w (before),
+// dilation h/w (torch's convention: 1 = dense), padding h/w after (zero padding written
+// out before the convolution, TensorFlow's "SAME", may be larger after than before).
+// weight: [O, C/groups, KH, KW]
 // contiguous; bias: [O] or null. unary: 0 none, 1 relu, 2 tanh, 3 sigmoid, 4 gelu (erf),
 // 5 gelu (tanh), 6 clip to [0, 6] (ReLU6); it applies after the binary epilogue, as
 // torch's post-ops do. mode: 1 float32; 2 bf16 (source, weight, destination and
@@ -398,9 +400,13 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
     const memory::dims strides = {geometry[8], geometry[9]};
     const memory::dims padding = {geometry[10], geometry[11]};
     const memory::dims dilation = {geometry[12] - 1, geometry[13] - 1};
-    const int64_t oh = (h + 2 * padding[0] - (dilation[0] + 1) * (kh - 1) - 1) / strides[0] + 1;
-    const int64_t ow = (w + 2 * padding[1] - (dilation[1] + 1) * (kw - 1) - 1) / strides[1] + 1;
-    if (n < 1 || c < 1 || o < 1 || groups < 1 || c % groups || o % groups || oh < 1 || ow < 1) {
+    const memory::dims padding_after = {geometry[14], geometry[15]};
+    const int64_t oh = (h + padding[0] + padding_after[0] - (dilation[0] + 1) * (kh - 1) - 1) /
+                           strides[0] + 1;
+    const int64_t ow = (w + padding[1] + padding_after[1] - (dilation[1] + 1) * (kw - 1) - 1) /
+                           strides[1] + 1;
+    if (n < 1 || c < 1 || o < 1 || groups < 1 || c % groups || o % groups || oh < 1 || ow < 1 ||
+        padding[0] < 0 || padding[1] < 0 || padding_after[0] < 0 || padding_after[1] < 0) {
       throw std::invalid_argument("inconsistent convolution geometry");
     }
     const int64_t slots = checked_mode(mode) == kBf16x3 ? 6 : 1;
@@ -423,11 +429,11 @@ void* ow_onednn_conv_create(const int64_t* geometry, const void* weight, const f
       return biased ? dnnl::convolution_forward::primitive_desc(
                           cpu(), dnnl::prop_kind::forward_inference,
                           dnnl::algorithm::convolution_direct, src, any_weights, bias_md, dst,
-                          strides, dilation, padding, padding, attr)
+                          strides, dilation, padding, padding_after, attr)
                     : dnnl::convolution_forward::primitive_desc(
                           cpu(), dnnl::prop_kind::forward_inference,
                           dnnl::algorithm::convolution_direct, src, any_weights, dst, strides,
-                          dilation, padding, padding, attr);
+                          dilation, padding, padding_after, attr);
     };
     auto* made = finish<dnnl::convolution_forward>(describe, user_weights, weight, bias, o,
                                                    binary, types.quant.get());

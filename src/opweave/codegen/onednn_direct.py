@@ -371,7 +371,9 @@ def run_recorded(runner, tensors: list[torch.Tensor]) -> None:
 class DirectConv(_Direct):
     """A convolution, NHWC float32 in and out (bf16 where `low`).
 
-    `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w).
+    `geometry`: (N, C, H, W, O, KH, KW, groups, stride h, w, padding h, w, dilation h, w),
+    then optionally the padding after, h, w, where it differs from the padding before
+    (zero padding written out before the convolution: `absorbed_padding`).
     `binary`: NO_BINARY, SUM_IN_PLACE (the destination holds the residual on entry) or
     ADD (a residual operand, NHWC like the output)."""
 
@@ -386,10 +388,12 @@ class DirectConv(_Direct):
                  quant: Int8Quantization | None = None):
         if quant is not None and quant.dynamic:
             raise ValueError("dynamic int8 quantization is for linear layers, not convolutions")
+        if len(geometry) == 14:
+            geometry = (*geometry, *geometry[10:12])
         super().__init__(geometry, weight, bias, unary, binary, parts, low, quant)
-        n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw = self.geometry
-        oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-        ow = (w + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+        n, c, h, w, o, kh, kw, _, sh, sw, ph, pw, dh, dw, ph_after, pw_after = self.geometry
+        oh = (h + ph + ph_after - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + pw + pw_after - dw * (kw - 1) - 1) // sw + 1
         self.in_shape, self.out_shape = (n, c, h, w), (n, o, oh, ow)
 
     def _nhwc(self, t: torch.Tensor, shape, dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -439,7 +443,10 @@ class WinogradConv(DirectConv):
         super().__init__(geometry, weight, bias, unary, binary)
 
     def _library_geometry(self) -> tuple[int, ...]:
-        n, c, h, w, o, *_, ph, pw, _, _ = self.geometry
+        n, c, h, w, o = self.geometry[:5]
+        ph, pw = self.geometry[10:12]
+        if tuple(self.geometry[14:16]) != (ph, pw):
+            raise ValueError("a Winograd convolution pads equally on both sides")
         return n, c, h, w, o, ph, pw
 
     def _mode(self) -> int:

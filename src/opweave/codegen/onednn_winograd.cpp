@@ -106,7 +106,7 @@ struct Winograd : Primitive {
     std::lock_guard<std::mutex> guard(fallback_lock);
     ++fallbacks;
     if (fallback) return *fallback;
-    const int64_t geometry[14] = {n, c, h, w, o, 3, 3, 1, 1, 1, pad_h, pad_w, 1, 1};
+    const int64_t geometry[16] = {n, c, h, w, o, 3, 3, 1, 1, 1, pad_h, pad_w, 1, 1, pad_h, pad_w};
     char error[512] = "";
     void* made = ow_onednn_conv_create(geometry, weights.data(), bias_values.data(), unary,
                                        winograd_binary, 1, nullptr, error, sizeof error);
