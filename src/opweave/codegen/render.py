@@ -273,7 +273,10 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelS
     layout_free = em.elementwise
     dense = channels_last_dense_inputs(em, reduce)
     operand = bf16_operand(em, reduce)
-    variants = [("", False, None)] if operand is None else [("", False, None), ("_bf16", False, operand)]
+    # (name suffix, walked channels-last, the input read in bf16) of each function
+    variants = [("", False, None)]
+    if operand is not None:
+        variants.append(("_bf16", False, operand))
     if dense is not None:
         variants += [(f"_cl{suffix}", True, low) for suffix, _, low in variants]
     for suffix, walked, low in variants[1:]:
