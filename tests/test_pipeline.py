@@ -53,15 +53,15 @@ def test_debug_dump_writes_the_ir_after_every_pass(tmp_path, monkeypatch):
     torch.testing.assert_close(compiled(x), model(x))
     (graph_dir,) = tmp_path.iterdir()
     files = sorted(p.name for p in graph_dir.iterdir())
-    assert files == ["01-verify.ir", "02-rewrite.ir", "03-gemm-layout.ir",
-                     "04-batchnorm-affine.ir", "kernels.cpp", "partition.txt", "passes.txt"]
+    assert files == ["01-verify.ir", "02-rewrite.ir", "03-view-chains.ir", "04-gemm-layout.ir",
+                     "05-batchnorm-affine.ir", "kernels.cpp", "partition.txt", "passes.txt"]
     for ir in graph_dir.glob("*.ir"):  # each dump is a complete graph that parses back
         parsed = parse_graph(ir.read_text())
         assert parsed.outputs
     timings = [line for line in (graph_dir / "passes.txt").read_text().splitlines()
                if not line.startswith(" ")]
-    assert [line.split()[0] for line in timings] == ["verify", "rewrite", "gemm-layout",
-                                                     "batchnorm-affine", "lower"]
+    assert [line.split()[0] for line in timings] == ["verify", "rewrite", "view-chains",
+                                                     "gemm-layout", "batchnorm-affine", "lower"]
     assert all(" ms " in line for line in timings)
 
 

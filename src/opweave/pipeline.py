@@ -110,9 +110,17 @@ def _batchnorm_affine(graph: Graph, options: Options):
     return graph, f"{changed} batch norm(s) as scale and shift"
 
 
+def _view_chains(graph: Graph, options: Options):
+    from .passes.view_chains import merge_view_chains
+
+    graph, changed = _on_a_copy(merge_view_chains, graph)
+    return graph, f"{changed} chain(s) of reshapes and permutes as one permute"
+
+
 GRAPH_PASSES: tuple[Pass, ...] = (
     Pass("verify", _verify),
     Pass("rewrite", _rewrite, optional=True),
+    Pass("view-chains", _view_chains, optional=True),
     Pass("gemm-layout", _gemm_layout, optional=True),
     Pass("batchnorm-affine", _batchnorm_affine, optional=True),
 )
