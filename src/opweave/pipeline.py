@@ -111,8 +111,10 @@ def _batchnorm_affine(graph: Graph, options: Options):
 
 
 def _view_chains(graph: Graph, options: Options):
-    from .passes.view_chains import merge_view_chains
+    from .passes.view_chains import merge_view_chains, mergeable_chains
 
+    if not mergeable_chains(graph):  # (most graphs: no copy made)
+        return graph, "0 chain(s) of reshapes and permutes as one permute"
     graph, changed = _on_a_copy(merge_view_chains, graph)
     return graph, f"{changed} chain(s) of reshapes and permutes as one permute"
 

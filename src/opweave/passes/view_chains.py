@@ -20,17 +20,35 @@ _CHAIN_OPS = frozenset({"reshape", "permute"})
 
 
 def merge_view_chains(graph: Graph) -> int:
-    """Rewrite, in place, each chain of reshapes and permutes holding two or more permutes
-    (each link read only by the next, static shapes) as reshape, permute, reshape where
-    the chain is a permutation of factors of the input's axes; returns how many changed."""
+    """Rewrite, in place, each chain `mergeable_chains` finds as reshape, permute, reshape;
+    returns how many changed."""
+    replaced: dict[Value, Value] = {}
+    for chain, (factors, perm) in mergeable_chains(graph):
+        x, y, source = chain[0].inputs[0], chain[-1].outputs[0], chain[-1].source
+        split = graph.add1("reshape", [x], {"shape": list(factors)}, source=source)
+        moved = graph.add1("permute", [split], {"dims": list(perm)}, source=source)
+        replaced[y] = graph.add1("reshape", [moved], {"shape": list(y.type.shape)},
+                                 source=source)
+    if replaced:
+        for n in graph.nodes:
+            n.inputs = [replaced.get(v, v) for v in n.inputs]
+        graph.outputs = [replaced.get(v, v) for v in graph.outputs]
+        graph.reorder()
+        graph.remove_dead()
+    return len(replaced)
+
+
+def mergeable_chains(graph: Graph) -> list[tuple[list[Node], tuple[list[int], list[int]]]]:
+    """(chain, (factors, perm)) for each chain of reshapes and permutes holding two or
+    more permutes (each link read only by the next, static shapes) that is a permutation
+    of factors of its input's axes (`_as_one_permutation`). Reads the graph only."""
     users: dict[Value, list[Node]] = {}
     for node in graph.nodes:
         for v in node.inputs:
             users.setdefault(v, []).append(node)
     outputs = set(graph.outputs)
-    replaced: dict[Value, Value] = {}
     inside: set[Node] = set()
-    changed = 0
+    found = []
     for node in reversed(graph.nodes):  # from each chain's last node
         if node.op not in _CHAIN_OPS or node in inside:
             continue
@@ -45,26 +63,13 @@ def merge_view_chains(graph: Graph) -> int:
         inside.update(chain)
         if sum(n.op == "permute" for n in chain) < 2:
             continue
-        x, y = chain[0].inputs[0], chain[-1].outputs[0]
+        x = chain[0].inputs[0]
         if not (x.type.is_static and all(n.outputs[0].type.is_static for n in chain)):
             continue
         plan = _as_one_permutation(tuple(x.type.shape), chain)
-        if plan is None:
-            continue
-        factors, perm = plan
-        source = chain[-1].source
-        split = graph.add1("reshape", [x], {"shape": list(factors)}, source=source)
-        moved = graph.add1("permute", [split], {"dims": list(perm)}, source=source)
-        replaced[y] = graph.add1("reshape", [moved], {"shape": list(y.type.shape)},
-                                 source=source)
-        changed += 1
-    if changed:
-        for n in graph.nodes:
-            n.inputs = [replaced.get(v, v) for v in n.inputs]
-        graph.outputs = [replaced.get(v, v) for v in graph.outputs]
-        graph.reorder()
-        graph.remove_dead()
-    return changed
+        if plan is not None:
+            found.append((chain, plan))
+    return found
 
 
 def _as_one_permutation(shape: tuple, chain: list[Node]):
