@@ -36,6 +36,8 @@ from typing import Callable
 
 import torch
 
+from .render import FUSIBLE
+
 LOWERED_OPS = frozenset({"matmul", "conv", "conv_transpose", "attention"})
 LOW = torch.bfloat16
 # ends the name of a measured form that computes on bfloat16 operands ("onednn-direct-bf16",
@@ -179,10 +181,8 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4,
     return any(may_arrive_in_bf16(u, graph_outputs, depth - 1, from_norms) for u in p.inputs)
 
 
-# the ops of a pointwise kernel's formula (codegen/render.FUSIBLE's one-to-one ones)
-_POINTWISE_OPS = frozenset({"add", "sub", "mul", "div", "neg", "abs", "exp", "sqrt", "rsqrt",
-                            "reciprocal", "sigmoid", "tanh", "erf", "relu", "gelu", "clamp",
-                            "maximum", "minimum", "pow"})
+# the ops of a pointwise kernel's formula (what the generated kernels compute one to one)
+_POINTWISE_OPS = FUSIBLE.pointwise
 
 
 def _constant(v) -> bool:
