@@ -64,7 +64,8 @@ def mergeable_chains(graph: Graph) -> list[tuple[list[Node], tuple[list[int], li
         if sum(n.op == "permute" for n in chain) < 2:
             continue
         x = chain[0].inputs[0]
-        if not (x.type.is_static and all(n.outputs[0].type.is_static for n in chain)):
+        if not (x.type.is_static and all(n.outputs[0].type.is_static for n in chain)) \
+                or x.type.numel <= 1:
             continue
         plan = _as_one_permutation(tuple(x.type.shape), chain)
         if plan is not None:
