@@ -11,8 +11,6 @@ The rewrite's e-graph sees each view apart, so this is a pass after extraction.
 """
 from __future__ import annotations
 
-import math
-
 from ..ir import Graph
 from ..ir.graph import Node, Value
 
