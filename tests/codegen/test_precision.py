@@ -372,10 +372,12 @@ def test_a_pointwise_kernel_between_bf16_steps_reads_and_writes_bf16(monkeypatch
     assert _rel_l2(got, reference) < BF16_REL_L2
     steps = compiled[True].program.compiled_graphs[0].executor.lowered_steps
     kernels = [s for s in steps if s.kind == "cpp"]
-    handed = [s for s in kernels if all(
-        (p := next(q for q in steps if v in q.outputs)) and
-        precision.low_precision_call(p) is not None and
-        precision.low_precision_call(p).keep_low for v in s.inputs)]
+    made_by = {v: q for q in steps for v in q.outputs}
+
+    def handed_bf16(v) -> bool:
+        call = precision.low_precision_call(made_by[v]) if v in made_by else None
+        return call is not None and made_by[v].outputs.index(v) in call.keep_low
+    handed = [s for s in kernels if all(handed_bf16(v) for v in s.inputs)]
     # the two SiLUs between convolutions, and none of the others
     assert len(handed) == 2 and all(s.fn.rounds_bf16 for s in handed), [s.name for s in steps]
     assert len(kernels) > len(handed)
