@@ -285,20 +285,21 @@ def _direct_conv(graph, anchor, ep, out_shape, inplace=False, parts: int = 1,
     bias = constant_of(graph, anchor.inputs[2]) if len(anchor.inputs) > 2 else None
     binary = onednn_direct.NO_BINARY if ep.binary is None else \
         onednn_direct.SUM_IN_PLACE if inplace else onednn_direct.ADD
-    torch_form = lambda: _conv(graph, anchor, ep, out_shape, inplace, low)  # noqa: E731
+    pad = None
     if absorbed is not None:
         (top, bottom), (left, right) = absorbed
+        pad = [left, right, top, bottom]
         shape = list(geometry)  # the unpadded input, padded by the primitive
         ph, pw = shape[10:12]
         shape[2:4] = [shape[2] - top - bottom, shape[3] - left - right]
         shape[10:12] = [ph + top, pw + left]
         geometry = (*shape, ph + bottom, pw + right)
-        unpadded = torch_form
 
-        def torch_form():  # if oneDNN has only its reference here: pad, then torch's form
-            padded = unpadded()
-            return lambda x, other=None: padded(
-                torch.constant_pad_nd(x, [left, right, top, bottom], 0.0), other)
+    def torch_form():  # where oneDNN has only its reference: torch's form, on the padded input
+        run = _conv(graph, anchor, ep, out_shape, inplace, low)
+        if pad is None:
+            return run
+        return lambda x, other=None: run(torch.constant_pad_nd(x, pad, 0.0), other)
     if winograd:
         conv = onednn_direct.WinogradConv(geometry, weight, bias, direct_unary(ep), binary)
     else:

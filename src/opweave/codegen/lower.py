@@ -124,12 +124,12 @@ def _absorbable_padding(graph, ctx, anchor: Node):
             break
         x, dim, before, after = padding
         pads[dim] = (before, after)
-    kernel = anchor.inputs[1].type.shape[2:]
-    extent = [d * (k - 1) for d, k in zip(anchor.attrs["dilation"], kernel)]
-    if x is anchor.inputs[0] or any(
-            p + side > e for (side_pads, p, e) in zip((pads[2], pads[3]), anchor.attrs["padding"],
-                                                        extent) for side in side_pads):
-        return None  # (padding beyond the kernel's reach: left to the copy)
+    # the padding a side may gain: its total within the dilated kernel's reach
+    reach = [d * (k - 1) - p for d, k, p in zip(anchor.attrs["dilation"],
+                                                anchor.inputs[1].type.shape[2:],
+                                                anchor.attrs["padding"])]
+    if x is anchor.inputs[0] or any(max(pads[2 + i]) > r for i, r in enumerate(reach)):
+        return None  # (none, or beyond the kernel's reach: left to the copy)
     return x, (pads[2], pads[3])
 
 

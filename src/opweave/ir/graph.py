@@ -144,6 +144,15 @@ class Graph:
         self.constants = {k: v for k, v in self.constants.items() if k in used}
         return removed
 
+    def replace_uses(self, replaced: dict) -> None:
+        """Point every reader of a value in `replaced` (and the graph's outputs) at its
+        replacement, appended by a pass; then restore the order and drop what is dead."""
+        for node in self.nodes:
+            node.inputs = [replaced.get(v, v) for v in node.inputs]
+        self.outputs = [replaced.get(v, v) for v in self.outputs]
+        self.reorder()
+        self.remove_dead()
+
     def reorder(self) -> None:
         """Restore topological order after a pass appended nodes that earlier nodes now
         read (keeping the given order where it already is one)."""

@@ -45,10 +45,6 @@ def batch_norm_as_affine(graph: Graph) -> int:
             source=node.source)
         changed += 1
     if changed:
-        for node in graph.nodes:
-            node.inputs = [replaced.get(v, v) for v in node.inputs]
-        graph.outputs = [replaced.get(v, v) for v in graph.outputs]
-        graph.reorder()
-        graph.remove_dead()
+        graph.replace_uses(replaced)
     return changed
 

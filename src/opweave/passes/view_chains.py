@@ -28,11 +28,7 @@ def merge_view_chains(graph: Graph) -> int:
         replaced[y] = graph.add1("reshape", [moved], {"shape": list(y.type.shape)},
                                  source=source)
     if replaced:
-        for n in graph.nodes:
-            n.inputs = [replaced.get(v, v) for v in n.inputs]
-        graph.outputs = [replaced.get(v, v) for v in graph.outputs]
-        graph.reorder()
-        graph.remove_dead()
+        graph.replace_uses(replaced)
     return len(replaced)
 
 
