@@ -24,6 +24,9 @@ class Case:
     attrs: dict
     eager: Callable[..., object]  # eager(*inputs) -> tensor or tuple of tensors
     constants: dict | None = None
+    # assert_close's rtol and atol where float32 rounding of a long sum needs more than the
+    # default (1e-5, 1e-6): say why where a case sets it
+    tolerance: dict | None = None
 
     def __repr__(self):
         shapes = [f"{tuple(t.shape)}:{t.dtype}" for t in self.inputs]
@@ -474,7 +477,11 @@ def attention_backward_case(draw):
     def eager(grad, q, k, v, out, lse, mask=None):
         leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
         return torch.autograd.grad(forward(*leaves)[0], leaves, grad, allow_unused=True)
-    return Case([grad, q, k, v, out, lse, *mask], case.attrs, eager)
+    # each gradient sums products of terms up to about 10 in size, which cancel; float32
+    # rounds them at about 1e-6, and the fused kernel sums in another order than autograd
+    # (an order that differs between CPUs: 1.35e-6 apart on a Xeon with AMX)
+    tolerance = {"rtol": 1e-5, "atol": 1e-5} if q.dtype == torch.float32 else None
+    return Case([grad, q, k, v, out, lse, *mask], case.attrs, eager, tolerance=tolerance)
 
 
 @st.composite

@@ -40,10 +40,11 @@ def test_op_matches_eager(op):
         expected = _as_list(case.eager(*case.inputs))
         graph = _one_node_graph(op, case)
         assert [v.type for v in graph.outputs] == [TensorType.of(t) for t in expected]
+        tolerance = case.tolerance or {"rtol": 1e-5, "atol": 1e-6}
         for use_arena in (True, False):
             got = Executor(graph, use_arena=use_arena)(*case.inputs)
             for g, e in zip(got, expected):
-                torch.testing.assert_close(g, e, equal_nan=True, rtol=1e-5, atol=1e-6)
+                torch.testing.assert_close(g, e, equal_nan=True, **tolerance)
         cost = graph.cost()
         assert cost.flops >= 0 and cost.bytes >= 0
 
@@ -103,25 +104,33 @@ def test_conv_rule_rejects_what_torch_refuses(attrs, message):
         graph.add("conv", [x, w], full)
 
 
-def test_attention_of_transposed_operands_and_a_negative_scale_matches_the_math_form():
-    """Found by `opweave fuzz`: torch's fused kernel, called directly, reads rows as
-    contiguous (a permuted query gave garbage), and with a causal or -inf mask and a
-    negative scale it gave NaN."""
-    from opweave.ir.ops.linalg import _attention_lse, _attention_math
+def test_attention_of_transposed_operands_and_a_scale_of_zero_or_below_matches_the_math_form():
+    """Found by `opweave fuzz` and the op cases: torch's fused kernel, called directly,
+    reads rows as contiguous (a permuted query gave garbage), and with a causal or -inf
+    mask and a negative scale, or one that is 0 in float32, it gave NaN (it masks, then
+    scales). The backward too."""
+    from opweave.ir.ops.linalg import (_attention_backward, _attention_backward_math,
+                                       _attention_lse, _attention_math)
 
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(3, 4, 4, 5, generator=gen).permute(2, 3, 0, 1)  # [4, 5, 3, 4], rows strided
     k, v = torch.randn(4, 5, 3, 4, generator=gen), torch.randn(4, 5, 3, 4, generator=gen)
+    grad = torch.randn(4, 5, 3, 4, generator=gen)
     assert q.stride(-1) != 1
     keep = torch.rand(3, 3, generator=gen) < 0.5
     keep[:, 0] = True
     additive = torch.zeros(3, 3).masked_fill(~keep, float("-inf"))
     for causal in (False, True):
         for mask in (None, keep):
-            for scale in (-1.0, 0.5):
-                torch.testing.assert_close(  # the output and the logsumexp
-                    _attention_lse(q, k, v, mask, scale=scale, causal=causal),
-                    _attention_math(q, k, v, None if mask is None else additive, scale, causal))
+            for scale in (-1.0, 0.5, 0.0, 1e-62, -1e-62):
+                math_mask = None if mask is None else additive
+                out, lse = _attention_lse(q, k, v, mask, scale=scale, causal=causal)
+                torch.testing.assert_close(
+                    (out, lse), _attention_math(q, k, v, math_mask, scale, causal))
+                assert not out.isnan().any()
+                torch.testing.assert_close(
+                    _attention_backward(grad, q, k, v, out, lse, mask, scale=scale, causal=causal),
+                    _attention_backward_math(grad, q, k, v, out, lse, math_mask, scale, causal))
 
 
 @pytest.mark.parametrize("attrs, grad, message", [

@@ -94,13 +94,27 @@ def _attention_lse(q, k, v, mask=None, *, scale, causal):
     # it reads rows as contiguous (SDPA's dispatcher checks that; calling it directly does
     # not): a transposed operand gave garbage (found by `opweave fuzz`)
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    if scale < 0:  # it masks before it scales: -inf * -1 gave NaN; (-q) k^T * |scale| is equal
-        q, scale = -q, -scale
+    q, scale, _ = _positive_scale(q, scale)
     if mask is not None and mask.stride(-1) != 1:
         mask = mask.contiguous()
     out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
         q, k, v, 0.0, causal, attn_mask=mask, scale=scale)
     return out, lse.contiguous()  # the kernel lays it out [batch, seq, heads]
+
+
+def _positive_scale(q, scale):
+    """The fused kernel masks before it scales, so a scale of 0 or below turned masked
+    scores' -inf into NaN. An equal query and a positive scale for it: (-q) k^T * |scale|
+    below 0, (0 q) k^T * 1 at 0 (NaN where q or k holds NaN or inf, as the math form);
+    and the factor the kernel's query gradient takes to be the original query's. The
+    scale is taken as the kernel takes it, in float32 but for float64 operands (1e-62 is
+    0 there)."""
+    scale = float(torch.tensor(scale, dtype=q.dtype if q.dtype == torch.float64 else torch.float32))
+    if scale < 0:
+        return -q, -scale, -1.0
+    if scale == 0:
+        return q * 0.0, 1.0, 0.0
+    return q, scale, 1.0
 
 
 def _attention_math(q, k, v, mask, scale, causal):
@@ -173,12 +187,10 @@ def _attention_backward(grad, q, k, v, out, lse, mask=None, *, scale, causal):
                           for t in (grad, q, k, v, out))
     if mask is not None and mask.stride(-1) != 1:
         mask = mask.contiguous()
-    flip = scale < 0  # as the forward: (-q) k^T * |scale|, and d(-q) = -dq
-    if flip:
-        q, scale = -q, -scale
+    q, scale, dq_factor = _positive_scale(q, scale)  # (as the forward)
     dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
         grad, q, k, v, out, lse.contiguous(), 0.0, causal, attn_mask=mask, scale=scale)
-    return (-dq if flip else dq), dk, dv
+    return (dq if dq_factor == 1.0 else dq * dq_factor), dk, dv
 
 
 def _attention_backward_math(grad, q, k, v, out, lse, mask, scale, causal):
