@@ -139,8 +139,9 @@ def _library_steps(compiled) -> list:
             if s.kind == "library"]
 
 
-def test_a_model_runs_its_groups_on_it_and_the_native_plan_replays_them():
+def test_a_model_runs_its_groups_on_it_and_the_native_plan_replays_them(monkeypatch):
     _needs_bf16_primitives()
+    monkeypatch.setattr(library, "amx_products_on_torch", lambda: False)  # (on any CPU)
     torch.manual_seed(0)
     model, x = _Net().eval(), torch.randn(2, 3, 8, 8)
     with torch.no_grad():
@@ -174,6 +175,7 @@ def test_its_records_say_whether_it_was_offered(monkeypatch):
     g.outputs = [linear(g, x, 8, 16, "fc")]
     anchor = next(n for n in g.nodes if n.op == "matmul")
     ep = Epilogue()
+    monkeypatch.setattr(library, "amx_products_on_torch", lambda: False)
     offered = library.signature(g, anchor, ep, "bf16")
     float32 = {"onednn", "onednn-direct"}
     if onednn_direct.bf16_problem() is None:
@@ -181,11 +183,41 @@ def test_its_records_say_whether_it_was_offered(monkeypatch):
             float32 | {"onednn-bf16", "onednn-direct-bf16"}
         assert ("without", "onednn-direct-bf16") not in offered
         assert ("without", "onednn-direct") not in offered
-    monkeypatch.setattr(library, "_bf16_direct_offered", lambda: False)
+    monkeypatch.setattr(library, "_bf16_direct_offered", lambda anchor: False)
     assert set(library.forms(g, anchor, ep, precision="bf16")) == float32 | {"onednn-bf16"}
     # a choice among fewer forms is another decision
     assert library.signature(g, anchor, ep, "bf16")[-2:] == \
         (("without", "onednn-direct-bf16"), ("precision", "bf16"))
+
+
+def test_on_amx_products_are_not_offered_it_and_convolutions_are(monkeypatch):
+    """On a CPU with AMX bf16 tiles a product's bf16 forms are torch's alone (oneDNN 3.2's
+    AMX products ran slower in models than they measured), and its record says so; a
+    convolution keeps the direct form."""
+    _needs_bf16_primitives()
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.legality import Epilogue
+
+    from ..partition.graphs import linear
+
+    g = Graph("both")
+    x = g.add_input("x", TensorType((1, 8, 6, 6), torch.float32))
+    w = g.add_constant("w", torch.randn(8, 8, 3, 3))
+    conv = g.add1("conv", [x, w], {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                                   "groups": 1})
+    rows = g.add1("reshape", [conv], {"shape": [8, 36]})
+    g.outputs = [linear(g, rows, 36, 16, "fc")]
+    product = next(n for n in g.nodes if n.op == "matmul")
+    for amx in (False, True):
+        flags = {"avx512_bf16", "amx_bf16"} if amx else {"avx512_bf16"}
+        monkeypatch.setattr(precision, "cpu_flags", lambda: flags)
+        assert library.amx_products_on_torch() is amx
+        product_forms = set(library.forms(g, product, Epilogue(), precision="bf16"))
+        assert ("onednn-direct-bf16" in product_forms) is not amx
+        assert "onednn-bf16" in product_forms
+        record_key = library.signature(g, product, Epilogue(), "bf16")
+        assert (("without", "onednn-direct-bf16") in record_key) is amx
+        assert "onednn-direct-bf16" in library.forms(g, conv.producer, Epilogue(), precision="bf16")
 
 
 def test_a_cpu_without_avx512_has_no_bf16_primitives():

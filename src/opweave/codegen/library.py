@@ -83,7 +83,7 @@ def _forms_in(graph, anchor, ep, out_shape, inplace: bool, low: bool,
     form's bytes, which the forms' warm measurement does not see (XML-CNN's [1, 768] x
     [768, 512] layer measured 25 us on it against 43 in bf16, yet the model ran no
     faster with it: 0.575 / 0.585 / 0.561 ms against 0.572 / 0.570 / 0.558 on a Zen 4)."""
-    direct = direct_fits(anchor, ep) and (_bf16_direct_offered() if low else direct_offered())
+    direct = direct_fits(anchor, ep) and (_bf16_direct_offered(anchor) if low else direct_offered())
     if anchor.op == "matmul":
         found = {"onednn": _linear(graph, anchor, ep, out_shape, low)}
         if direct:
@@ -200,11 +200,26 @@ def _conv(graph, anchor, ep, out_shape, inplace=False, low=False):
     return conv
 
 
-def _bf16_direct_offered() -> bool:
+def _bf16_direct_offered(anchor: Node) -> bool:
     """Whether the form "onednn-direct-bf16" is offered: where "onednn-direct" is, on a
     CPU where oneDNN's own library has bf16 primitives (`onednn_direct.bf16_problem`);
-    elsewhere torch's "onednn-bf16" is the group's only bf16 form."""
+    elsewhere torch's "onednn-bf16" is the group's only bf16 form. Not for products on a
+    CPU with AMX (`amx_products_on_torch`)."""
+    if anchor.op == "matmul" and amx_products_on_torch():
+        return False
     return direct_offered() and onednn_direct.bf16_problem() is None
+
+
+def amx_products_on_torch() -> bool:
+    """Whether bf16 products run on torch's oneDNN only: on CPUs with AMX bf16 tiles. There
+    oneDNN 3.2's AMX products (the direct form's library) measured level with torch's
+    (oneDNN 3.12) or faster, warm, one weight called again and again, and ran slower in
+    the model, where each product's weight comes from memory: BERT-base 1.18-1.31x
+    slower with them than without, ViT-B/16 1.09x (2-core Xeon, family 6 model 207, one
+    process, the two compiles alternating call by call; `perf`: the direct library's
+    kernels took 1.6x the CPU time of torch's in the model). Convolutions keep the form:
+    ResNet-50 ran faster with it (docs/precision.md)."""
+    return "amx_bf16" in prec.cpu_flags()
 
 
 # the rows up to which a product is offered the few-row kernel. It streams its weight
@@ -375,7 +390,7 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
         # graph compiled for many sizes must not overwrite what one size chose)
         key += (("without", "onednn-direct"),)
     elif prec.applies(precision, anchor.op) and direct_fits(anchor, ep) \
-            and not _bf16_direct_offered():
+            and not _bf16_direct_offered(anchor):
         key += (("without", "onednn-direct" + prec.LOW_SUFFIX),)
     if not prec.applies(precision, anchor.op) and _gemv_fits(anchor, ep) \
             and not _gemv_offered():

@@ -403,14 +403,17 @@ class _Leading:
 
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost).
-    A group ending in an activation costs no more than the group without it: oneDNN
-    applies it to the output tile before storing it, a few instructions an element, so
-    the two measure within noise of each other, and noise alone had kept ReLUs apart
-    (ResNet-50: 7 of its 49 as separate passes over their tensors, in one compile)."""
+    A group ending in an activation or a bias costs no more than the group without it:
+    oneDNN applies either to the output tile before storing it, a few instructions an
+    element, so the two measure within noise of each other, and noise alone had kept them
+    apart: ReLUs (ResNet-50: 7 of its 49 as separate passes over their tensors, in one
+    compile), and BERT-base's biases on a noisy 2-core Xeon (48 of its 72 as float32 adds,
+    each product's result widened for them, in one compile)."""
     seconds = _measured_group_seconds(graph, ctx, group, precision)
     ep = anchor_epilogue(ctx, group)
-    if not isinstance(ep, str) and ep.unary is not None and ep.unary is ep.last:
-        without = group - {ep.unary}
+    last = None if isinstance(ep, str) else ep.last
+    if last is not None and last in (ep.unary, ep.bias):
+        without = group - {last}
         # only where that is a group itself (not one left ending in a reshape)
         if not isinstance(anchor_epilogue(ctx, without), str):
             seconds = min(seconds, measured_anchor_seconds(graph, ctx, without, precision))

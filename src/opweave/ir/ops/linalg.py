@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy
 import torch
 import torch.nn.attention
 
@@ -109,7 +110,8 @@ def _positive_scale(q, scale):
     and the factor the kernel's query gradient takes to be the original query's. The
     scale is taken as the kernel takes it, in float32 but for float64 operands (1e-62 is
     0 there)."""
-    scale = float(torch.tensor(scale, dtype=q.dtype if q.dtype == torch.float64 else torch.float32))
+    if q.dtype != torch.float64 and abs(scale) < 1.0:  # (no overflow; in Python, as a
+        scale = float(numpy.float32(scale))            # tensor read back stops the native plan)
     if scale < 0:
         return -q, -scale, -1.0
     if scale == 0:
