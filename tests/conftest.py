@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,12 @@ os.environ["OPWEAVE_TUNING_DB"] = os.path.join(tempfile.mkdtemp(prefix="opweave-
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from opweave import models
+from opweave import models, tune  # noqa: E402
+
+# ... and options built in code (`Options(...)`, whose tuning_db is "default") use it too:
+# the user's own database (a roofline `opweave tune machine` stored there) changed what a
+# compile under test reported
+tune.default_path = lambda: Path(os.environ["OPWEAVE_TUNING_DB"])
 
 MODEL_NAMES = ("bert-base", "vit-b16", "resnet50", "xmlcnn", "gcn", "gcn-dense")
 

@@ -408,15 +408,24 @@ def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float
     element, so the two measure within noise of each other, and noise alone had kept them
     apart: ReLUs (ResNet-50: 7 of its 49 as separate passes over their tensors, in one
     compile), and BERT-base's biases on a noisy 2-core Xeon (48 of its 72 as float32 adds,
-    each product's result widened for them, in one compile)."""
+    each product's result widened for them, in one compile). A group ending in a
+    residual add costs no more than the group without it and a read of the residual at
+    the roofline's memory speed, which is what the post-op adds (ResNet-50 on that Xeon:
+    3 of its 16 residual adds as kernels of their own, in one compile)."""
     seconds = _measured_group_seconds(graph, ctx, group, precision)
     ep = anchor_epilogue(ctx, group)
     last = None if isinstance(ep, str) else ep.last
-    if last is not None and last in (ep.unary, ep.bias):
+    if last is not None and last in (ep.unary, ep.bias, ep.binary):
         without = group - {last}
         # only where that is a group itself (not one left ending in a reshape)
-        if not isinstance(anchor_epilogue(ctx, without), str):
-            seconds = min(seconds, measured_anchor_seconds(graph, ctx, without, precision))
+        residual = [v.type for v in last.inputs if v.producer not in group] \
+            if last is ep.binary else []
+        if not isinstance(anchor_epilogue(ctx, without), str) \
+                and all(t.is_static for t in residual):
+            bound = measured_anchor_seconds(graph, ctx, without, precision)
+            if residual:
+                bound += active_machine().seconds(0, sum(t.nbytes for t in residual))
+            seconds = min(seconds, bound)
     return seconds
 
 
