@@ -407,8 +407,8 @@ def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float
     oneDNN applies either to the output tile before storing it, a few instructions an
     element, so the two measure within noise of each other, and noise alone had kept them
     apart: ReLUs (ResNet-50: 7 of its 49 as separate passes over their tensors, in one
-    compile), and BERT-base's biases on a noisy 2-core Xeon (48 of its 72 as float32 adds,
-    each product's result widened for them, in one compile). A group ending in a
+    compile), and BERT-base's biases on a noisy 2-core Xeon (24 of the 36 that could fuse,
+    as float32 adds, each product's result widened for them, in one compile). A group ending in a
     residual add costs no more than the group without it and a read of the residual at
     the roofline's memory speed, which is what the post-op adds (ResNet-50 on that Xeon:
     3 of its 16 residual adds as kernels of their own, in one compile)."""
