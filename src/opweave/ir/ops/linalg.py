@@ -110,8 +110,10 @@ def _positive_scale(q, scale):
     and the factor the kernel's query gradient takes to be the original query's. The
     scale is taken as the kernel takes it, in float32 but for float64 operands (1e-62 is
     0 there)."""
-    if q.dtype != torch.float64 and abs(scale) < 1.0:  # (no overflow; in Python, as a
-        scale = float(numpy.float32(scale))            # tensor read back stops the native plan)
+    # rounded in Python (a tensor read back would stop the native plan); below 1, where
+    # rounding to float32 cannot overflow
+    if q.dtype != torch.float64 and abs(scale) < 1.0:
+        scale = float(numpy.float32(scale))
     if scale < 0:
         return -q, -scale, -1.0
     if scale == 0:
