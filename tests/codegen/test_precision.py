@@ -15,6 +15,7 @@ from torch import nn
 import opweave
 from opweave.codegen import anchor_group, library, precision
 from opweave.options import Options
+from opweave.runtime import native
 
 pytestmark = pytest.mark.skipif(not anchor_group.supports(), reason="needs torch built with oneDNN")
 # torch's oneDNN computes bf16 on CPUs with AVX-512 BW, AVX-NE-CONVERT or AMX; elsewhere
@@ -87,8 +88,61 @@ def test_convolutions_with_residual_run_in_bf16():
         model.bn.running_mean.uniform_(-0.5, 0.5)
         model.bn.running_var.uniform_(0.5, 2.0)
     names = _compile_and_check(model, (torch.randn(2, 3, 16, 16),), bf16_steps=2)
-    # a bf16 group reads a rounded copy of its residual: it never adds into it in place
+    # the residual is the convolution's own operand: it cannot add into it in place
     assert not any("into its residual" in n for n in names)
+
+
+class _Bottleneck(nn.Module):
+    """ResNet's block: the residual is read by the first convolution, then only by the
+    add after the second, so the second may add into it in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.conv1 = nn.Conv2d(16, 16, 3, padding=1)
+        self.conv2 = nn.Conv2d(16, 16, 1)
+
+    def forward(self, x):
+        y = F.relu(self.stem(x))
+        return F.relu(self.conv2(F.relu(self.conv1(y))) + y)
+
+
+@needs_bf16
+@pytest.mark.parametrize("form", ["onednn-bf16", "onednn-direct-bf16"])
+def test_a_bf16_convolution_adds_into_its_dead_residual_on_the_native_plan(monkeypatch, form):
+    """torch's form and oneDNN's own: the residual the stem hands on in bf16 is summed
+    into in place, call after call, the later calls replayed natively, with the
+    reference's result (a stale or doubly added residual would be far off it)."""
+    from opweave.codegen import choice, onednn_direct
+    if form == "onednn-direct-bf16" and onednn_direct.bf16_problem() is not None:
+        pytest.skip(onednn_direct.bf16_problem())
+    monkeypatch.setattr(choice, "measure", lambda candidates, args, rounds=7: {
+        name: [0.5 if name == form else 3.0] for name in candidates})
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    monkeypatch.setattr(library, "amx_products_on_torch", lambda: False)
+    torch.manual_seed(0)
+    model, x = _Bottleneck().eval(), torch.randn(2, 3, 16, 16)
+    options = Options(deterministic=True, precision="bf16", native="wait", tuning_db=None)
+    with torch.no_grad():
+        reference = model.double()(x.double())
+        model.float()
+        compiled = opweave.compile(model, (x,), options=options)
+        results = [compiled(x) for _ in range(4)]
+    executor = compiled.program.compiled_graphs[0].executor
+    into = [s for s in executor.lowered_steps if "(into its residual)" in s.name]
+    assert len(into) == 1 and into[0].precision == "bf16" and into[0].overwrites is not None
+    # called on a bf16 operand and residual, the step leaves its result in the residual
+    operand, residual = (torch.randn(v.type.shape).to(torch.bfloat16)
+                         .contiguous(memory_format=torch.channels_last)
+                         for v in into[0].inputs[:2])
+    with torch.no_grad():
+        (out,) = into[0].fn(operand, residual)
+    assert torch.equal(residual, out.to(torch.bfloat16))
+    if native.unavailable() is None:
+        assert executor.native.plan is not None, executor.native.describe()
+    for got in results:
+        assert 10 * FP32_REL_L2 < _rel_l2(got, reference) < BF16_REL_L2
+        torch.testing.assert_close(got, results[0], rtol=0, atol=0)
 
 
 class _UpConv(nn.Module):
@@ -274,31 +328,37 @@ class _TwoBlocks(nn.Module):
         return h.mean((2, 3))
 
 
-def test_a_form_handed_bf16_is_measured_on_the_operand_it_would_read():
+@pytest.mark.parametrize("residual_handed", [False, True])
+def test_a_form_handed_bf16_is_measured_on_the_operand_it_would_read(residual_handed):
     """Where a group's operand comes to it in bf16, its bf16 forms are measured on that
     operand as it is, its float32 forms on it widened: each reads what it would read
-    between bf16 steps, not a float32 operand the bf16 forms would round at every call."""
+    between bf16 steps, not a float32 operand the bf16 forms would round at every call.
+    Its residual is read so too where it may come in bf16, else as float32."""
     from opweave.codegen import choice
 
     read = {}
 
     def form(name):
         def fn(x, residual):
-            read[name] = (x.dtype, x.clone(), residual.dtype)
+            read[name] = (x.clone(), residual.clone())
             return [x]
         return fn
 
     names = ("onednn-direct-bf16", "onednn-bf16", "onednn-direct", "reference")
     x, residual = torch.randn(4, 8), torch.randn(4, 8)
-    samples = choice.measure(choice.handed_bf16({n: form(n) for n in names}), [x, residual],
-                             rounds=1)
+    handed = choice.handed_bf16({n: form(n) for n in names}, residual=residual_handed)
+    samples = choice.measure(handed, [x, residual], rounds=1)
     assert set(samples) == set(names) and all(len(t) == 1 for t in samples.values())
-    rounded = x.to(torch.bfloat16)
     for name in names:
-        dtype, seen, residual_dtype = read[name]
-        assert dtype == (torch.bfloat16 if name.endswith("-bf16") else torch.float32), name
-        assert torch.equal(seen.float(), rounded.float()), name  # rounded once, exactly
-        assert residual_dtype == torch.float32  # only the operand is handed on in bf16
+        low = torch.bfloat16 if name.endswith("-bf16") else torch.float32
+        seen, seen_residual = read[name]
+        assert seen.dtype == low, name
+        assert torch.equal(seen.float(), x.to(torch.bfloat16).float()), name  # rounded once
+        if residual_handed:
+            assert seen_residual.dtype == low, name
+            assert torch.equal(seen_residual.float(), residual.to(torch.bfloat16).float())
+        else:
+            assert seen_residual.dtype == torch.float32 and torch.equal(seen_residual, residual)
 
 
 @needs_bf16
@@ -324,6 +384,44 @@ def test_only_a_group_handed_bf16_measures_its_forms_on_a_bf16_operand(monkeypat
     with torch.no_grad():
         opweave.compile(model, (x,), options=options)
     assert operands == {8: {torch.float32}, 16: {torch.bfloat16}}
+
+
+class _InputResidual(nn.Module):
+    """Two residual adds: one onto a convolution's result (it may come in bf16), one onto
+    the graph's float32 input."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(8, 8, 1)
+        self.conv1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.conv2 = nn.Conv2d(8, 8, 3, padding=1)
+
+    def forward(self, x):
+        y = F.relu(self.stem(x))
+        return self.conv2(F.relu(self.conv1(y) + y)) + x
+
+
+@needs_bf16
+def test_a_residual_that_may_come_in_bf16_is_measured_in_bf16(monkeypatch):
+    """The bf16 forms of a group whose residual is a convolution's result are measured on
+    a bf16 residual; one whose residual is the graph's input, on the float32 input."""
+    from opweave.codegen import choice
+
+    residuals = []
+
+    def stub_measure(candidates, args, rounds=7):
+        if len(args) >= 2:
+            own = candidates["onednn-bf16"].measured_args(args)
+            residuals.append(own[1].dtype)
+        return {name: [1.0 if name.endswith("-bf16") else 2.0] for name in candidates}
+
+    monkeypatch.setattr(choice, "measure", stub_measure)
+    monkeypatch.setattr(choice, "_CHOICES", {})
+    options = Options(deterministic=True, precision="bf16", native="off", tuning_db=None)
+    with torch.no_grad():
+        opweave.compile(_InputResidual().eval(), (torch.randn(1, 8, 6, 6),), options=options)
+    # (the partitioner measures conv1's group with and without its ReLU)
+    assert set(residuals) == {torch.bfloat16, torch.float32}, residuals
 
 
 class _SiluBlocks(nn.Module):

@@ -122,7 +122,7 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
         shortlist = tune.shortlist(KIND, key, candidates, tune.active())
         if ("reads", "bf16") in key:
-            shortlist = handed_bf16(shortlist)
+            shortlist = handed_bf16(shortlist, residual=("residual", "bf16") in key)
         samples = measure(shortlist, args, rounds)
         if recheck:  # with every earlier sample of today's forms
             earlier = tune.recorded_samples(KIND, key)
@@ -223,20 +223,27 @@ def _preferring_int8(samples: dict[str, list[float]]) -> str:
     return best
 
 
-def handed_bf16(candidates: dict[str, Callable]) -> dict[str, Callable]:
+def handed_bf16(candidates: dict[str, Callable], residual: bool = False) -> dict[str, Callable]:
     """The forms of a group whose operand comes to it in bf16 (`precision.
     may_arrive_in_bf16`), each measured on the operand as it would read it there: the bf16
     forms on the rounded operand as it is, the float32 forms widening it first. Measured
     on a float32 operand, a bf16 form rounds it at every call, which between bf16 steps
     it does not: MobileNetV2's depthwise 3x3 over [1, 96, 113, 113] measured 162 us in
     bf16 against 95 in float32 that way, and runs in 68 against 88 (+ the widening) on a
-    bf16 operand (oneDNN's direct forms, 2-core Zen 4)."""
+    bf16 operand (oneDNN's direct forms, 2-core Zen 4). `residual`: the residual operand
+    (the second) comes in bf16 too, and is read the same way: measured on a float32 one,
+    ResNet-50's first stage's bf16 convolutions rounded their [1, 256, 56, 56] residual at
+    every call and lost to the float32 form, which then widened the whole stage (AMX)."""
+    handed = 2 if residual else 1
+
     def reading(name: str, fn: Callable) -> Callable:
         low = name.endswith(prec.LOW_SUFFIX)
 
-        def call(x, *rest):
-            return fn(x if low else prec.widen(x), *rest)
-        call.measured_args = lambda args: [prec.narrow(args[0]), *args[1:]]
+        def call(*args):
+            if low:
+                return fn(*args)
+            return fn(*[prec.widen(a) for a in args[:handed]], *args[handed:])
+        call.measured_args = lambda args: [*map(prec.narrow, args[:handed]), *args[handed:]]
         return call
     return {name: reading(name, fn) for name, fn in candidates.items()}
 

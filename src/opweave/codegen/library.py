@@ -36,16 +36,18 @@ from ..partition.legality import Epilogue
 from . import gemv, int8, library_int8, onednn_direct
 from . import precision as prec
 from .anchor_group import (as_2d, bias_input, conv_views, direct_fits, direct_geometry,
-                           direct_offered, direct_unary, pointwise_conv, shaped, supports,
-                           torch_unary)
+                           direct_offered, direct_unary, group_inputs, pointwise_conv, shaped,
+                           supports, torch_unary)
 
 
 def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
           precision: str = "fp32") -> dict[str, Callable]:
     """The library forms of an anchor group, by name (all "onednn..." or "cpp-gemv"), to be
-    measured. `inplace`: the residual operand is dead after this group, so a float32
-    convolution may add into it in place (oneDNN's in-place binary post-op: 5% faster, one
-    buffer fewer; a bf16 one reads a rounded copy of it). `precision`: "bf16" adds the
+    measured. `inplace`: the residual operand is dead after this group, so a convolution
+    may add into it in place (oneDNN's sum post-op: one buffer fewer; in float32 5%
+    faster, in bf16 on AMX 10-18%, on a Zen 4 level; a bf16 one adds into its residual as
+    it reads it: the residual's own storage where it arrives in bf16, else the rounded
+    copy, which no one else reads). `precision`: "bf16" adds the
     same forms computing on bfloat16 operands, named with "-bf16" (the weight packed in
     bf16; codegen/precision.LowPrecisionCall: the result is widened back to float32 unless
     only bf16 steps read it), beside the float32 ones: a small or memory-bound product
@@ -70,7 +72,7 @@ def forms(graph: Graph, anchor: Node, ep: Epilogue, inplace: bool = False,
                                  found["onednn"]))
     if low:
         found.update({f"{name}{prec.LOW_SUFFIX}": prec.LowPrecisionCall(fn) for name, fn
-                      in _forms_in(graph, anchor, ep, out_shape, False, low=True).items()})
+                      in _forms_in(graph, anchor, ep, out_shape, inplace, low=True).items()})
     return found
 
 
@@ -406,10 +408,15 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
         # its int8 form's time depends on whether its operands arrive as codes
         codes = library_int8.codes_arriving(graph, anchor, ep)
         return key + (("precision", precision), ("codes", *codes))
-    if prec.applies(precision, anchor.op) and \
-            prec.may_arrive_in_bf16(anchor.inputs[0], frozenset(graph.outputs)):
+    outputs = frozenset(graph.outputs)
+    if prec.applies(precision, anchor.op) and prec.may_arrive_in_bf16(anchor.inputs[0], outputs):
         # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
-        return key + (("precision", precision), ("reads", "bf16"))
+        key += (("precision", precision), ("reads", "bf16"))
+        residual = group_inputs(anchor, ep)[1:]
+        if residual and prec.may_arrive_in_bf16(residual[0], outputs):
+            # measured on a bf16 residual too (`choice.handed_bf16`)
+            key += (("residual", "bf16"),)
+        return key
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key

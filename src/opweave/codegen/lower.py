@@ -362,8 +362,9 @@ def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool
     if chosen == "onednn-winograd":
         name += " [winograd]"  # profiles and reports say which convolutions transform
     overwrites = None
-    if inplace and chosen in ("onednn", "onednn-direct", "onednn-winograd", "onednn-int8",
-                              "onednn-int8-direct", "onednn-bf16x3"):
+    if inplace and chosen.removesuffix(prec.LOW_SUFFIX) in (
+            "onednn", "onednn-direct", "onednn-winograd", "onednn-int8", "onednn-int8-direct",
+            "onednn-bf16x3"):
         name += " (into its residual)"
         overwrites = ins[1]
     fn = candidates[chosen]
