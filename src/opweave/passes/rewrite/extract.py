@@ -111,10 +111,11 @@ def ilp(members: dict[int, list[ENode]], roots: list[int], cost: CostFn, *,
         # each round may take half of what is left: a round that ends in a cycle must
         # leave time for the next
         choice, status = model.solve(max(left / 2, 0.05))
-        cycle = _find_cycle(choice, roots)
-        if not cycle:
+        cyclic = _cyclic_components(choice, roots)
+        if not cyclic:
             break
-        model.order(cycle)
+        for component in cyclic:  # every cycle of this round at once: BERT's 12 layers
+            model.order(component)  # each close one, which one cut a round never reached
     return Extraction(choice, dag_cost(choice, roots, cost), "ilp", time.perf_counter() - start,
                       f"{status}, {rounds} round(s), {len(model.ordered)} ordered classes")
 
@@ -208,30 +209,48 @@ class _Model:
         return choice, status
 
 
-def _find_cycle(choice: dict[int, ENode], roots: list[int]) -> list[int]:
-    """The classes of one cycle among the chosen nodes reachable from `roots` (or [])."""
-    state: dict[int, int] = {}  # 1: on the stack, 2: done
+def _cyclic_components(choice: dict[int, ENode], roots: list[int]) -> list[list[int]]:
+    """The classes of each strongly connected component of the chosen nodes reachable
+    from `roots` that holds a cycle (Tarjan's algorithm, iterative)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    found: list[list[int]] = []
     for root in roots:
-        stack = [(root, iter(choice[root].children))]
-        path = [root]
-        state[root] = 1
-        while stack:
-            cid, children = stack[-1]
+        if root in index:
+            continue
+        work = [(root, iter(choice[root].children))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            cid, children = work[-1]
             child = next(children, None)
-            if child is None:
-                state[cid] = 2
-                stack.pop()
-                path.pop()
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(choice[child].children)))
+                elif child in on_stack:
+                    low[cid] = min(low[cid], index[child])
                 continue
-            if state.get(child) == 1:
-                return path[path.index(child):]
-            if state.get(child) is None:
-                state[child] = 1
-                path.append(child)
-                stack.append((child, iter(choice[child].children)))
-        if state.get(root) != 2:
-            state[root] = 2
-    return []
+            work.pop()
+            if work:
+                parent = work[-1][0]
+                low[parent] = min(low[parent], low[cid])
+            if low[cid] == index[cid]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == cid:
+                        break
+                if len(component) > 1 or cid in choice[cid].children:
+                    found.append(component)
+    return found
 
 
 def _reachable(members: dict[int, list[ENode]], roots: list[int]) -> list[int]:
