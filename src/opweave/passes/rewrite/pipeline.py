@@ -117,21 +117,21 @@ def _fused_bias(op: str, operands: list[tuple[bool, bool]]) -> bool:
     the product's bias, so it costs one launch: priced by the roofline, BERT-base's merged
     Q/K/V bias add over [128, 2304] streams through memory while two adds over its slices
     stay in cache, cheaper, and extraction kept those, which no product can fuse."""
-    return op == "add" and len(operands) == 2 and \
-        any(product and vector for (product, _), (_, vector) in (operands, operands[::-1]))
+    if op != "add" or len(operands) != 2:
+        return False
+    (a_product, a_vector), (b_product, b_vector) = operands
+    return (a_product and b_vector) or (b_product and a_vector)
 
 
 def with_fused_biases(cost, members: dict[int, list[ENode]], store: Store):
     """`cost` over the e-graph `members`, with fused biases (`_fused_bias`) at one launch."""
-    def kind(cid: int) -> tuple[bool, bool]:
-        nodes = members.get(cid, ())
-        t = store.types[cid]
-        return (any(n.op == "matmul" for n in nodes),
-                any(n.op == "constant" for n in nodes) and not isinstance(t, tuple)
-                and t.rank == 1)
+    products = {cid for cid, nodes in members.items() if any(n.op == "matmul" for n in nodes)}
+    vectors = {cid for cid, nodes in members.items()
+               if any(n.op == "constant" for n in nodes)
+               and not isinstance(store.types[cid], tuple) and store.types[cid].rank == 1}
 
     def priced(cid: int, node: ENode) -> float:
-        if _fused_bias(node.op, [kind(c) for c in node.children]):
+        if _fused_bias(node.op, [(c in products, c in vectors) for c in node.children]):
             return active().launch
         return cost(cid, node)
     return priced
