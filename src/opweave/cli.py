@@ -292,6 +292,8 @@ def _fuzz(args) -> int:
     from .fuzz import check
     from .fuzz.runner import FuzzConfig, fuzz, report
 
+    if args.blocks is not None:
+        return _fuzz_blocks(args)
     paths = tuple(p.strip() for p in args.paths.split(",") if p.strip())
     unknown = set(paths) - set(check.PATHS)
     if unknown or not paths:
@@ -309,6 +311,25 @@ def _fuzz(args) -> int:
         summary = fuzz(config, log=lambda line: print(line, flush=True))
     print(report(summary, config))
     return 1 if summary.failed else 0
+
+
+def _fuzz_blocks(args) -> int:
+    """`opweave fuzz --blocks N`: N random networks of model blocks in --precision."""
+    import warnings
+
+    from .fuzz import blocks
+
+    if args.blocks < 0:
+        print("opweave fuzz: --blocks must be >= 0", file=sys.stderr)
+        return 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a fallback's warning is not a wrong result
+        failed = blocks.run(range(args.seed, args.seed + args.blocks), args.precision,
+                            args.random_forms, log=lambda line: print(line, flush=True))
+    print(f"{args.blocks - failed} of {args.blocks} networks in {args.precision} matched "
+          f"float64 within {blocks.TOLERANCES[args.precision]:g} (relative L2)"
+          + (", library forms drawn at random" if args.random_forms else ""))
+    return 1 if failed else 0
 
 
 def _profile(args) -> int:
@@ -482,6 +503,14 @@ def _add_fuzz_parser(sub) -> None:
     p.add_argument("--time-budget", type=float, default=None,
                    help="seconds; no new graph starts after it")
     p.add_argument("--no-minimize", action="store_true", help="write failures unminimised")
+    p.add_argument("--blocks", type=int, default=None, metavar="N",
+                   help="instead of op graphs: N random networks of model blocks (convolutions, "
+                        "bottlenecks, attention, MLPs) compiled in --precision, against "
+                        "float64 (fuzz/blocks.py); seeds from --seed")
+    p.add_argument("--precision", choices=COMPILE_PRECISIONS, default="bf16",
+                   help="--blocks: the precision to compile in (default bf16)")
+    p.add_argument("--random-forms", action="store_true",
+                   help="--blocks: draw each library form at random instead of measuring")
     p.set_defaults(func=_fuzz)
 
 

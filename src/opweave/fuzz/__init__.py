@@ -32,6 +32,10 @@ Fallbacks are judged too: a pass that crashed and was skipped (rewrite, fusion),
 lowering that raised, or a capture that fell back fails the path; an op opweave
 deliberately leaves to eager (no lowering, or a use it declines) is a coverage gap, not a
 failure. Paths that do not apply (no ONNX form, no gradient) are counted apart.
+
+`blocks` (`opweave fuzz --blocks N --precision P`) fuzzes the precision modes instead:
+random networks of the benchmark models' blocks, compiled in one precision and checked
+against float64 within that precision's tolerance.
 """
 from .runner import FuzzConfig, Summary, fuzz
 
