@@ -22,8 +22,8 @@ def test_the_draws_cover_the_blocks():
         taps += bool(model.taps)
         with torch.no_grad():
             assert all(torch.isfinite(y).all() for y in model(*inputs))
-    assert kinds == {"conv", "bottleneck", "pool", "cat", "pointwise", "attention", "mlp",
-                     "linear"}
+    assert kinds == {"conv", "bottleneck", "pool", "cat", "pointwise", "same-padding",
+                     "patches", "attention", "mlp", "linear"}
     assert masked and taps
 
 

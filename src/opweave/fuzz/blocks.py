@@ -7,9 +7,11 @@ pooling, bottlenecks whose residual is summed in place, attention and MLP blocks
 values read both by a graph output and by a bf16 or int8 step (which must then stay
 float32 for the output). Each seed here draws such a network (`draw`): convolutional
 (conv + batch norm + activation, depthwise, strided, bottlenecks with a projected or
-identity shortcut, branches concatenated, pooling, pointwise activations) or a sequence
-model (pre- or post-norm attention, with or without a mask, MLPs, plain linear layers),
-with some intermediate results taken as outputs too.
+identity shortcut, branches concatenated, TensorFlow's "SAME" padding before a stride-2
+convolution, MobileViT's patches unfolded and folded around a linear layer, pooling,
+pointwise activations) or a sequence model (pre- or post-norm attention with Q, K and V
+in one product or three, with or without a mask; MLPs; plain linear layers), with some
+intermediate results taken as outputs too.
 
 `check` compiles it with `opweave.compile` in one precision and compares five calls (the
 Python steps, the native plan's recording, its check against them, and its replay) with
@@ -51,7 +53,7 @@ class ConvNet(nn.Module):
         self.blocks, self.kinds = nn.ModuleList(), []
         for _ in range(rng.randint(2, 6)):
             kind = rng.choice(["conv", "conv", "bottleneck", "bottleneck", "pool", "cat",
-                               "pointwise"])
+                               "pointwise", "same-padding", "patches"])
             arg, block = rng.choice(["relu", "silu"]), nn.ModuleList()
             if kind == "conv":
                 out, k, stride = rng.choice([8, 16, 32]), rng.choice([1, 3, 5]), rng.choice([1, 1, 2])
@@ -70,6 +72,12 @@ class ConvNet(nn.Module):
                 out = rng.choice([8, 16])
                 block.extend([nn.Conv2d(c, out, 1), nn.Conv2d(c, out, 3, 1, 1)])
                 c = 2 * out
+            elif kind == "same-padding":  # TensorFlow's "SAME" at stride 2: one more after
+                out = rng.choice([8, 16])
+                block.append(nn.Conv2d(c, out, 3, 2, 0))
+                c = out
+            elif kind == "patches":  # MobileViT's unfold, a linear layer, fold
+                block.append(nn.Linear(c, c))
             elif kind == "pool":
                 arg = rng.choice(["max", "avg"])
             else:
@@ -97,6 +105,11 @@ class ConvNet(nn.Module):
                 x = act(block[2](act(block[1](act(block[0](x))))) + block[3](x))
             elif kind == "cat":
                 x = F.relu(torch.cat([block[0](x), block[1](x)], 1))
+            elif kind == "same-padding":
+                small = min(x.shape[-2:]) < 2  # (too small for the kernel: both sides then)
+                x = F.relu(block[0](F.pad(x, (1, 1, 1, 1) if small else (0, 1, 0, 1))))
+            elif kind == "patches":
+                x = self._through_patches(x, block[0])
             elif kind == "pool":
                 if min(x.shape[-2:]) >= 2:
                     x = F.max_pool2d(x, 2) if arg == "max" else F.avg_pool2d(x, 2)
@@ -106,6 +119,17 @@ class ConvNet(nn.Module):
                 outputs.append(x)
         outputs.append(x if self.head is None else self.head(x.mean((2, 3))))
         return tuple(outputs)
+
+    @staticmethod
+    def _through_patches(x, linear):
+        """`linear` over the channels of 2x2 patches, unfolded and folded back as
+        MobileViT does (reshape, permute, reshape: the view-chains pass's pattern)."""
+        n, c, h, w = x.shape
+        if h % 2 or w % 2:
+            return x
+        p = x.reshape(n, c, h // 2, 2, w // 2, 2).permute(0, 3, 5, 2, 4, 1)
+        p = linear(p.reshape(n, 4, h * w // 4, c))
+        return p.reshape(n, 2, 2, h // 2, w // 2, c).permute(0, 5, 3, 1, 4, 2).reshape(n, c, h, w)
 
 
 class SeqNet(nn.Module):
@@ -121,8 +145,10 @@ class SeqNet(nn.Module):
         self.blocks, self.kinds = nn.ModuleList(), []
         for _ in range(rng.randint(1, 3)):
             kind = rng.choice(["attention", "mlp", "linear"])
-            if kind == "attention":
-                block = [nn.Linear(d, 3 * d), nn.Linear(d, d), nn.LayerNorm(d)]
+            if kind == "attention":  # Q, K and V in one product, or three the rewrite merges
+                qkv = [nn.Linear(d, 3 * d)] if rng.random() < 0.5 else \
+                    [nn.Linear(d, d) for _ in range(3)]
+                block = [nn.Linear(d, d), nn.LayerNorm(d), *qkv]
             elif kind == "mlp":
                 block = [nn.Linear(d, 4 * d), nn.Linear(4 * d, d), nn.LayerNorm(d)]
             else:
@@ -146,15 +172,17 @@ class SeqNet(nn.Module):
             if kind == "linear":
                 x = ACTIVATIONS[act](block[0](x))
             else:
-                y = block[2](x) if pre_norm else x
+                norm = block[1] if kind == "attention" else block[2]
+                y = norm(x) if pre_norm else x
                 if kind == "attention":
-                    q, k, v = block[0](y).split(d, -1)
+                    q, k, v = block[2](y).split(d, -1) if len(block) == 3 else \
+                        (block[2](y), block[3](y), block[4](y))
                     a = F.scaled_dot_product_attention(heads(q), heads(k), heads(v), attn_mask=mask)
-                    x = x + block[1](a.transpose(1, 2).reshape(1, t, d))
+                    x = x + block[0](a.transpose(1, 2).reshape(1, t, d))
                 else:
                     x = x + block[1](ACTIVATIONS[act](block[0](y)))
                 if not pre_norm:
-                    x = block[2](x)
+                    x = norm(x)
             if i in self.taps:
                 outputs.append(x)
         outputs.append(x)
