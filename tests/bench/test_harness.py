@@ -43,6 +43,8 @@ class FakeWorker:
         if command == "run":
             if conf.get("crash_on_run"):
                 raise WorkerError("Traceback ...\nRuntimeError: boom")
+            if "per_run" in conf:  # one call's seconds for each run in turn
+                return [conf["per_run"].pop(0)] * args[0]
             seconds = conf.get("seconds", 0.01)  # one call's, or each call's of a run
             if isinstance(seconds, list):
                 return seconds[:args[0]]
@@ -355,3 +357,46 @@ def test_cpu_line_names_the_isa_and_counts():
     assert line == ("CPU: Intel(R) Xeon(R) Platinum 8480+ (GenuineIntel cpu family 6); "
                     "ISA avx2 avx512f avx512_bf16 amx_bf16 (torch kernels: AVX512); "
                     "4 cores, 8 logical CPUs; 4 threads")
+
+
+def test_opweave_is_compared_with_the_fastest_peer_round_by_round(fake, tmp_path):
+    """The phases of a noisy machine: each round's ratio counts, not two medians. Here
+    opweave is 0.9x inductor's time in every round, though rounds vary 2x."""
+    phases = [0.010, 0.020, 0.011, 0.019, 0.010, 0.021, 0.012, 0.020]
+    fake.behaviour = {"eager": dict(seconds=0.05),
+                      "inductor": dict(per_run=[0.01] + phases),  # the warm-up call first
+                      "opweave": dict(per_run=[0.01] + [0.9 * t for t in phases])}
+    result = harness.run(_config(models=["m1"], runs=8), worker_factory=fake)
+    m1 = result.models[0]
+    assert m1.backends["opweave"].rounds == list(range(8))
+    (model, paired), = result.against_peers()
+    assert (model, paired.backend, paired.other, paired.runs) == ("m1", "opweave", "inductor", 8)
+    assert paired.median == pytest.approx(0.9) and paired.high == pytest.approx(0.9)
+    assert paired.verdict == "faster" and paired.coverage > 0.95
+    text = report.terminal(result)
+    assert "m1: opweave / inductor: 0.900 (median of 8 rounds; 99% interval 0.900-0.900): faster" \
+        in text
+    data = json.loads(report.write_all(result, tmp_path / "out")["json"].read_text())
+    assert data["against_peers"][0]["verdict"] == "faster"
+
+
+def test_ratios_that_straddle_one_are_level_and_pairs_are_by_round(fake):
+    ratios = [0.9, 1.1, 0.95, 1.05, 1.0, 0.97, 1.03, 1.02]
+    fake.behaviour = {"inductor": dict(per_run=[0.01] + [0.01] * 8),
+                      "opweave": dict(per_run=[0.01] + [0.01 * r for r in ratios])}
+    result = harness.run(_config(models=["m1"], runs=8), worker_factory=fake)
+    (_, paired), = result.against_peers()
+    assert paired.verdict == "level" and paired.low < 1 < paired.high
+    m1 = result.models[0]
+    # a backend with fewer runs pairs only the rounds it ran in
+    m1.backends["inductor"].samples, m1.backends["inductor"].rounds = [0.02, 0.02], [1, 5]
+    paired = m1.paired("opweave", "inductor")
+    assert paired.runs == 2 and paired.median == pytest.approx((1.1 + 0.97) / 4)
+
+
+def test_a_wrong_peer_is_not_the_one_to_beat(fake):
+    fake.behaviour = {"inductor": dict(seconds=0.001, outputs=[np.zeros((2, 3), np.float32)]),
+                      "opweave": dict(seconds=0.01)}
+    result = harness.run(_config(models=["m1"]), worker_factory=fake)
+    (_, paired), = result.against_peers()
+    assert paired.other == "eager"

@@ -6,8 +6,8 @@ from collections import Counter
 
 import pytest
 
-from opweave.bench.stats import (Summary, geometric_mean, ratio_matrix, round_robin,
-                                 runs_within_budget, williams_square)
+from opweave.bench.stats import (Summary, geometric_mean, median_interval, ratio_matrix,
+                                 round_robin, runs_within_budget, williams_square)
 
 
 def test_summary_median_min_max():
@@ -55,3 +55,13 @@ def test_runs_within_budget():
     assert runs_within_budget(20.0, runs=10, budget_s=60) == 3  # still a median of 3
     assert runs_within_budget(25.0, runs=10, budget_s=60) == 1  # too slow for 3: one run
     assert runs_within_budget(1.0, runs=2, budget_s=60) == 2
+
+
+def test_the_median_interval_is_between_order_statistics_of_binomial_coverage():
+    assert median_interval(range(1, 21)) == (10.5, 6, 15, pytest.approx(0.95861, abs=1e-5))
+    assert median_interval(range(1, 11))[1:3] == (2, 9)
+    # too few values for 95%: the whole range, and the coverage it has
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) == (3.0, 1.0, 5.0, 0.9375)
+    assert median_interval([7.0]) == (7.0, 7.0, 7.0, 0.0)
+    with pytest.raises(ValueError):
+        median_interval([])

@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from . import cpu, roofline
-from .stats import Summary, geometric_mean, ratio_matrix, round_robin, runs_within_budget
+from .stats import (Summary, geometric_mean, median_interval, ratio_matrix, round_robin,
+                    runs_within_budget)
 from .modes import INFER, TRAIN
 from .worker import CALLERS, BackendUnavailable, Worker, WorkerError, WorkerSpec
 
@@ -96,6 +97,7 @@ class BackendResult:
     note: str = ""  # how it ran (e.g. an export formulation)
     setup_s: float | None = None
     samples: list[float] = field(default_factory=list)  # seconds per call, one per run
+    rounds: list[int] = field(default_factory=list)  # the round each sample was timed in
     first_calls: list[float] = field(default_factory=list)  # with calls > 1: each run's first
     max_abs_diff: float | None = None
     rel_l2_diff: float | None = None  # ||outputs - eager's|| / ||eager's||, all outputs
@@ -122,6 +124,26 @@ class BackendResult:
         self.status, self.reason = status, reason
 
 
+@dataclass(frozen=True)
+class Paired:
+    """`backend`'s time as a multiple of `other`'s in the rounds that timed both: the
+    median of the per-round ratios, and the interval that holds the median of what such
+    rounds give with probability `coverage` (`stats.median_interval`)."""
+
+    backend: str
+    other: str
+    median: float
+    low: float
+    high: float
+    coverage: float
+    runs: int
+
+    @property
+    def verdict(self) -> str:
+        """"faster" or "slower" where the whole interval says so, else "level"."""
+        return "faster" if self.high < 1 else "slower" if self.low > 1 else "level"
+
+
 @dataclass
 class ModelResult:
     model: str
@@ -135,6 +157,19 @@ class ModelResult:
     def ratios(self) -> dict[str, dict[str, float]]:
         return ratio_matrix(self.medians())
 
+    def paired(self, backend: str, other: str) -> Paired | None:
+        """`backend`'s time as a multiple of `other`'s, run by run: over the rounds that
+        timed both (next to each other, so in the same phase of a shared machine's
+        noise), the median ratio and its confidence interval; None with no such round."""
+        a, b = self.backends.get(backend), self.backends.get(other)
+        if a is None or b is None or not (a.ok and b.ok):
+            return None
+        theirs = dict(zip(b.rounds, b.samples))
+        ratios = [mine / theirs[r] for r, mine in zip(a.rounds, a.samples) if r in theirs]
+        if not ratios:
+            return None
+        return Paired(backend, other, *median_interval(ratios), len(ratios))
+
     def speedup_over_eager(self, backend: str) -> float | None:
         medians = self.medians()
         if backend in medians and REFERENCE in medians:
@@ -147,6 +182,25 @@ class BenchResult:
     config: BenchConfig
     machine: dict
     models: list[ModelResult]
+
+    def against_peers(self) -> list[tuple[str, Paired]]:
+        """(model, comparison) of each opweave backend with each model's fastest other
+        backend (by median, among those that gave eager's results; eager counts), run by
+        run: whether it is faster beyond the run's noise, as one median cannot say."""
+        tolerance = TOLERANCE[self.config.mode]
+        found = []
+        for model in self.models:
+            medians = model.medians()
+            peers = {name: m for name, m in medians.items()
+                     if not name.startswith("opweave") and model.backends[name].accurate(tolerance)}
+            if not peers:
+                continue
+            peer = min(peers, key=peers.get)
+            for name in medians:
+                paired = model.paired(name, peer) if name.startswith("opweave") else None
+                if paired is not None:
+                    found.append((model.model, paired))
+        return found
 
     def geomean_speedup(self, backend: str, over: str = REFERENCE) -> float | None:
         """Geometric mean of median(over) / median(backend) over the models where both ran
@@ -297,6 +351,7 @@ def _measure(config, name, result, workers, progress) -> None:
         except (WorkerError, BackendUnavailable) as error:
             result.backends[backend].fail(ERROR, f"{command}: {_last_line(str(error))}")
             result.backends[backend].samples.clear()
+            result.backends[backend].rounds.clear()
             result.backends[backend].first_calls.clear()
             workers.pop(backend).close()
             return None
@@ -325,13 +380,14 @@ def _measure(config, name, result, workers, progress) -> None:
             runs = "1 run" if count == 1 else f"{count} runs"
             entry.note = "; ".join(filter(None, [entry.note, f"{runs} (slow)"]))
     progress.set_description(f"{name}: timing")
-    for order in round_robin(plan):
+    for index, order in enumerate(round_robin(plan)):
         for backend in order:
             if backend in workers:
                 samples = call(backend, "run", config.calls, config.pause_ms / 1e3)
                 if samples:
                     entry = result.backends[backend]
                     entry.samples.append(sample_of(samples))
+                    entry.rounds.append(index)
                     if len(samples) > 1:
                         entry.first_calls.append(samples[0])
         progress.update(1)

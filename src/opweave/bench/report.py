@@ -170,8 +170,25 @@ def _footnotes(result: BenchResult) -> list[str]:
     return notes
 
 
+PEERS_TITLE = ("opweave against each model's fastest other backend, round by round (its time "
+               "as a multiple of the other's: below 1 is faster; 'level' where the interval "
+               "holds 1):")
+
+
+def peer_lines(result: BenchResult) -> list[str]:
+    """One line per opweave backend and model: the median of its per-round time ratios
+    to the model's fastest other backend, with the interval and verdict
+    (`BenchResult.against_peers`)."""
+    return [f"{model}: {p.backend} / {p.other}: {p.median:.3f} (median of {p.runs} rounds; "
+            f"{p.coverage:.0%} interval {p.low:.3f}-{p.high:.3f}): {p.verdict}"
+            for model, p in result.against_peers()]
+
+
 def terminal(result: BenchResult) -> str:
     parts = _preamble(result) + ["", _text_table(*summary_rows(result)), ""]
+    peers = peer_lines(result)
+    if peers:
+        parts += [PEERS_TITLE] + peers + [""]
     parts += _footnotes(result)
     return "\n".join(parts)
 
@@ -181,6 +198,10 @@ def markdown(result: BenchResult) -> str:
     parts += [f"- {line}" for line in _preamble(result)] + [""]
     parts += ["## Latency (median ms, speed-up over eager)", "", _markdown_table(*summary_rows(result)), ""]
     parts += [f"- {note}" for note in _footnotes(result)] + [""]
+    peers = peer_lines(result)
+    if peers:
+        parts += ["## Against the fastest other backend", "", PEERS_TITLE, ""]
+        parts += [f"- {line}" for line in peers] + [""]
     parts += ["## Details", "", _markdown_table(*detail_rows(result)), ""]
     parts += ["## Pairwise ratios (row backend's speed-up over column backend)", ""]
     for model in result.models:
@@ -217,7 +238,9 @@ def to_json(result: BenchResult) -> dict:
                            backends=backends, ratios=model.ratios()))
     return _finite(dict(format="opweave-bench/1", config=dataclasses.asdict(result.config),
                 machine=result.machine, models=models,
-                geomean_speedup_over_eager={b: result.geomean_speedup(b) for b in _backends(result)}))
+                geomean_speedup_over_eager={b: result.geomean_speedup(b) for b in _backends(result)},
+                against_peers=[dict(model=model, **dataclasses.asdict(p), verdict=p.verdict)
+                               for model, p in result.against_peers()]))
 
 
 def write_chart(result: BenchResult, path: Path) -> None:
