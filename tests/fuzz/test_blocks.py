@@ -64,6 +64,22 @@ def test_an_input_a_call_changes_is_found(monkeypatch):
     assert "input 0 was changed" in blocks.check(0, "fp32")
 
 
+def test_a_result_a_later_call_overwrites_is_found(monkeypatch):
+    compile_ = opweave.compile
+
+    def reusing(model, inputs, **kwargs):
+        compiled, held = compile_(model, inputs, **kwargs), []
+
+        def call(*args):
+            result = compiled(*args)
+            if not held:
+                held.extend(torch.empty_like(y) for y in result)
+            return tuple(h.copy_(y) for h, y in zip(held, result))  # the same tensors each call
+        return call
+    monkeypatch.setattr(opweave, "compile", reusing)
+    assert "call 1, output 0 changed at a later call" in blocks.check(0, "fp32")
+
+
 def test_unknown_precision_is_refused():
     with pytest.raises(ValueError, match="unknown precision 'fp16'"):
         blocks.check(0, "fp16")
