@@ -68,6 +68,54 @@ def test_linear_layers_and_their_epilogues_run_in_bf16():
     assert "matmul+add+gelu [bf16]" in names
 
 
+class _ResidualStack(nn.Module):
+    """A transformer's residual stream in small: each layer adds a small update to it."""
+
+    def __init__(self, width=64, layers=6):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(),
+                                                  nn.Linear(2 * width, width))
+                                    for _ in range(layers))
+        for layer in self.layers:
+            layer[2].weight.data.mul_(0.1)
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer(x)
+        return x
+
+
+@needs_bf16
+def test_a_products_residual_add_sums_in_float32(monkeypatch):
+    """The residual stream is not rounded at each layer: the add is not the product's
+    post-op in bf16 (it is in float32), and its error is well below the fused add's."""
+    import importlib
+
+    lowering = importlib.import_module("opweave.codegen.lower")
+    torch.manual_seed(0)
+    model = _ResidualStack().eval()
+    x = torch.randn(32, 64) * 4
+    with torch.no_grad():
+        bf16 = opweave.compile(model, (x,), options=_options("bf16"))
+        names = [s.name for g in bf16.program.compiled_graphs for s in g.executor.lowered_steps]
+        assert sum("[bf16]" in n for n in names) == 12, names
+        assert not any(n.startswith("matmul") and n.count("add") > 1 for n in names), names
+        fp32 = opweave.compile(model, (x,), options=_options("fp32"))
+        assert any(s.name.startswith("matmul+add+add") for g in fp32.program.compiled_graphs
+                   for s in g.executor.lowered_steps)
+        reference = model.double()(x.double())
+        model.float()
+        errors = {}
+        for fused in (False, True):
+            real = lowering.partition
+            monkeypatch.setattr(lowering, "partition",
+                                lambda *a, **k: real(*a, **{**k, "float32_residuals": not fused}))
+            errors[fused] = _rel_l2(opweave.compile(model, (x,), options=_options("bf16"))(x),
+                                    reference)
+            monkeypatch.setattr(lowering, "partition", real)
+    assert errors[False] < 0.5 * errors[True], errors
+
+
 class _ResidualConv(nn.Module):
     def __init__(self):
         super().__init__()

@@ -240,7 +240,7 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
                 if measure else None)
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured,
                      apart=apart, conversion_seconds=_conversion_seconds(precision),
-                     costs=(precision,))
+                     costs=(precision,), float32_residuals=precision == "bf16")
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []

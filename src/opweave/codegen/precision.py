@@ -6,7 +6,8 @@ and accumulate in float32 (oneDNN's bf16 primitives, with weights stored in bf16
 compile time, but for a transposed convolution, a single op rounded at each call; for
 attention torch's bf16 flash-attention kernel or the per-head form on oneDNN's bf16
 matmul, both keeping the softmax in float32). The step's result, with
-its fused epilogue (bias, activation, residual add), is rounded to bfloat16 once: widened
+its fused epilogue (bias, activation, a convolution's residual add; a product's residual
+add runs after it, in float32), is rounded to bfloat16 once: widened
 back to float32 for the steps that compute in float32, handed on as it is where only
 bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
 pointwise kernels) computes in float32 as before, and graph inputs and outputs stay

@@ -74,7 +74,8 @@ def clear_cache() -> None:
 
 def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 2.0,
               anchor_seconds=None, apart: frozenset[Node] = frozenset(),
-              conversion_seconds=None, costs: tuple = ()) -> Partition:
+              conversion_seconds=None, costs: tuple = (),
+              float32_residuals: bool = False) -> Partition:
     """Groups of `graph` that run as one kernel, given what the code generator can fuse
     (`fusible`). `anchor_seconds(ctx, group)`, if given, is the measured time of a group
     holding a library call (codegen measures the candidates per shape); otherwise the
@@ -82,11 +83,12 @@ def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 
     library call: what it makes its neighbours convert (a float32 kernel between bf16
     steps). `costs` names what those two depend on beyond the graph (the precision), so a
     solution cached for one is not taken for another. Nodes in `apart` are fused with
-    nothing."""
+    nothing. `float32_residuals`: a product's residual add is never its post-op (bf16: the
+    add then sums in float32, not into the product's rounded result)."""
     if method not in METHODS:
         raise ValueError(f"unknown partitioner {method!r}; choose one of {METHODS}")
     start = time.perf_counter()
-    ctx = Context(graph, fusible, anchor_seconds, apart, conversion_seconds)
+    ctx = Context(graph, fusible, anchor_seconds, apart, conversion_seconds, float32_residuals)
     adj = neighbours(ctx)
     comps = components(ctx, adj)
     group_of: dict[Node, frozenset[Node]] = {}
@@ -94,8 +96,8 @@ def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 
     for comp in comps:
         # every input of the solution: the same component costed by measurement or by the
         # roofline, or with other fusible ops, may be covered differently
-        key = (method, anchor_seconds is not None, costs, fusible, ilp_seconds,
-               active_machine(), structural_key(ctx, comp))
+        key = (method, anchor_seconds is not None, costs, float32_residuals, fusible,
+               ilp_seconds, active_machine(), structural_key(ctx, comp))
         if key in _SOLVED:
             result.cache_hits += 1
             chosen = [frozenset(comp[i] for i in local) for local in _SOLVED[key]]

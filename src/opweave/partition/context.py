@@ -11,9 +11,12 @@ class Context:
     positions, so a group's convexity test is a few big-integer operations."""
 
     def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None,
-                 apart: frozenset[Node] = frozenset(), conversion_seconds=None):
+                 apart: frozenset[Node] = frozenset(), conversion_seconds=None,
+                 float32_residuals: bool = False):
         self.graph = graph
         self.fusible = fusible
+        # a product's residual add is not its post-op (legality.anchor_epilogue)
+        self.float32_residuals = float32_residuals
         self.anchor_seconds = anchor_seconds
         self.conversion_seconds = conversion_seconds
         self.nodes = [n for n in graph.nodes if n.op != "constant"]

@@ -120,6 +120,8 @@ def anchor_epilogue(ctx: Context, members) -> Epilogue | str:
                 return "residual add needs an operand of the output's shape"
             if ctx.producer_in(other[0], members):
                 return "residual operand computed inside the group"
+            if anchor.op == "matmul" and ctx.float32_residuals:
+                return "a bf16 product's residual add stays float32 (docs/precision.md)"
             ep.binary = nxt
             continue
         allowed = LINEAR_UNARY if anchor.op == "matmul" else CONV_UNARY
