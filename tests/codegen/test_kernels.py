@@ -501,13 +501,28 @@ def test_max_pool_kernels_on_bf16_give_the_float32_result_rounded(op, attrs, sha
     torch.testing.assert_close(kernel(wide[..., ::2])[0], want, equal_nan=True, rtol=0, atol=0)
 
 
+def _bf16_form(kernel, low_in, low_out):
+    import importlib
+
+    lowering = importlib.import_module("opweave.codegen.lower")  # `lower` is the function
+    (form,) = lowering.bf16_forms([(kernel, (frozenset(low_in), frozenset(low_out)))])
+    return form
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> None:
+    nan = torch.isnan(b)
+    assert torch.equal(torch.isnan(a), nan)
+    assert torch.equal(a[~nan].view(torch.int16 if a.dtype == torch.bfloat16 else torch.int32),
+                       b[~nan].view(torch.int16 if b.dtype == torch.bfloat16 else torch.int32))
+
+
 @needs_gxx
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_a_pointwise_kernel_of_one_tensor_on_bf16_gives_the_float32_result_rounded(layout):
-    """SiLU and hardswish over one tensor (a convolution's result under bf16) have a bf16
-    form: it reads bf16, computes in float32 and writes its results rounded as torch
-    rounds (ties to even, NaN quiet, overflow to inf): the float32 kernel's results on
-    the widened input, rounded, to the bit, both outputs, in the input's layout."""
+def test_a_pointwise_kernels_bf16_form_gives_the_float32_result_rounded(layout):
+    """SiLU and hardswish over one tensor (a convolution's result under bf16): the form
+    that reads it in bf16, computes in float32 and writes its results rounded as torch
+    rounds (ties to even, NaN quiet, overflow to inf) gives the float32 kernel's results
+    on the widened input, rounded, to the bit, both outputs, in the input's layout."""
     g = Graph("g")
     x = g.add_input("x", TensorType((1, 16, 9, 7), F32))
     silu = g.add1("mul", [x, g.add1("sigmoid", [x])])
@@ -516,20 +531,19 @@ def test_a_pointwise_kernel_of_one_tensor_on_bf16_gives_the_float32_result_round
     g.outputs = [silu, g.add1("div", [g.add1("mul", [x, clamped]), six])]
     lowered = lower(g, "greedy", measure=False)
     kernels = [s.fn for s in lowered.steps if s.kind == "cpp"]
-    assert kernels and all(k.passes_bf16 and k.rounds_bf16 for k in kernels)
+    assert kernels and all(k.rerender is not None and not k.passes_bf16 for k in kernels)
+    forms = [_bf16_form(k, {0}, {0}) for k in kernels]
     data = _bf16_pool_input((1, 16, 9, 7))
     flat = data.view(-1)
     flat[13::61] = torch.tensor(3.3895e38).to(torch.bfloat16)  # near the largest bf16
     data = data.contiguous(memory_format=layout)
     want = [y.to(torch.bfloat16) for k in kernels for y in k(data.float())]
-    got = [y for k in kernels for y in k(data)]
+    got = [y for k in forms for y in k(data)]
     assert len(got) == 2
     for a, b in zip(got, want):
         assert a.dtype == torch.bfloat16 and a.stride() == data.stride()
-        nan = torch.isnan(b)
-        assert torch.equal(torch.isnan(a), nan) and nan.any()
-        assert torch.equal(a[~nan].view(torch.int16), b[~nan].view(torch.int16))  # the bits
-        assert torch.isinf(b).any()
+        _same_bits(a, b)
+        assert torch.isnan(b).any() and torch.isinf(b).any()
 
 
 @needs_gxx
@@ -538,7 +552,9 @@ def test_a_scale_and_shift_kernel_reads_its_activation_in_bf16_and_its_constants
         layout):
     """A batch norm's per-channel scale and shift with ReLU (DenseNet's pre-activation):
     its bf16 form reads the activation in bf16, in either layout, and the broadcast
-    constants in float32; a bf16 operand anywhere else is refused, not misread."""
+    constants in float32. Operands of other types run the float32 form on them widened
+    (a float32 activation: the same values, rounded where the form writes bf16); a
+    type no form takes is refused, not misread."""
     g = Graph("g")
     x = g.add_input("x", TensorType((1, 24, 7, 5), F32))
     scale = g.add_constant("scale", torch.randn(24, 1, 1))
@@ -546,20 +562,50 @@ def test_a_scale_and_shift_kernel_reads_its_activation_in_bf16_and_its_constants
     g.outputs = [g.add1("relu", [g.add1("add", [g.add1("mul", [x, scale]), shift])])]
     lowered = lower(g, "greedy", measure=False)
     (step,) = [s for s in lowered.steps if s.kind == "cpp"]
-    kernel, at = step.fn, step.inputs.index(x)
-    assert kernel.rounds_bf16 and kernel.bf16_input == at
+    at = step.inputs.index(x)
+    kernel = _bf16_form(step.fn, {at}, {0})
     data = torch.randn(1, 24, 7, 5).to(torch.bfloat16).contiguous(memory_format=layout)
     args = [data if v is x else g.constants[v.producer.attrs["name"]] for v in step.inputs]
-    (want,) = kernel(*[a.float() if a is data else a for a in args])
+    (want,) = step.fn(*[a.float() if a is data else a for a in args])
     (got,) = kernel(*args)
     assert got.dtype == torch.bfloat16 and got.stride() == data.stride()
     assert torch.equal(got, want.to(torch.bfloat16))
-    with pytest.raises(TypeError, match="reads float32 there"):
-        kernel(*[a.float() if a is data else a.to(torch.bfloat16) for a in args])
+    (converted,) = kernel(*[a.float() if a is data else a for a in args])
+    assert torch.equal(converted, got)
+    with pytest.raises(TypeError, match="reads float32, float32, float32; got"):
+        kernel(*[a.to(torch.float64) for a in args])
 
 
 @needs_gxx
-def test_a_pointwise_kernels_bf16_loop_vectorizes(tmp_path):
+def test_a_layer_norm_kernel_reads_a_bf16_operand_and_writes_float32_and_bf16_results():
+    """A residual add and layer norm (ViT's, between two products under bf16): its form
+    reads the product's result in bf16 and the residual in float32, writes the sum in
+    float32 and the norm in bf16: the float32 kernel's values on the widened operand, the
+    norm rounded, to the bit."""
+    g = Graph("g")
+    h = g.add_input("h", TensorType((10, 96), F32))
+    r = g.add_input("r", TensorType((10, 96), F32))
+    total = g.add1("add", [h, r])
+    w, b = g.add_constant("w", torch.randn(96)), g.add_constant("b", torch.randn(96))
+    norm = g.add("layer_norm", [total, w, b], {"normalized_shape": [96], "eps": 1e-5})[0]
+    g.outputs = [total, norm]
+    lowered = lower(g, "greedy", measure=False)
+    (step,) = [s for s in lowered.steps if s.kind == "cpp"]
+    at, written = step.inputs.index(h), step.outputs.index(norm)
+    kernel = _bf16_form(step.fn, {at}, {written})
+    low = (torch.randn(10, 96) * 4).to(torch.bfloat16)
+    args = {h: low, r: torch.randn(10, 96), **{v: g.constants[v.producer.attrs["name"]]
+                                                for v in step.inputs if v.producer is not None}}
+    want = step.fn(*[args[v].float() if v is h else args[v] for v in step.inputs])
+    got = kernel(*[args[v] for v in step.inputs])
+    assert [t.dtype for t in got] == [torch.bfloat16 if i == written else F32
+                                      for i in range(len(got))]
+    for i, (a, b) in enumerate(zip(got, want)):
+        _same_bits(a, b.to(torch.bfloat16) if i == written else b)
+
+
+@needs_gxx
+def test_a_kernels_bf16_form_vectorizes(tmp_path):
     import subprocess
 
     from opweave.codegen import build
@@ -569,28 +615,18 @@ def test_a_pointwise_kernels_bf16_loop_vectorizes(tmp_path):
     g = Graph("g")
     x = g.add_input("x", TensorType((1, 16, 90, 70), F32))
     g.outputs = [g.add1("mul", [x, g.add1("sigmoid", [x])])]
-    src = render(g, [n for n in g.nodes if n.op != "constant"], lambda v: v in g.outputs)
-    assert src.bf16_names == (f"{src.name}_bf16", None)
+    src = render(g, [n for n in g.nodes if n.op != "constant"], lambda v: v in g.outputs,
+                 low=(frozenset({0}), frozenset({0})))
+    assert "const uint16_t*" in src.body and "ow_bf16_round" in src.body
     path = tmp_path / "silu.cpp"
     path.write_text(PRELUDE + src.body)
     proc = subprocess.run(["g++", *build.FLAGS, "-fopt-info-vec-optimized", str(path), "-o",
                            str(tmp_path / "silu.so")], capture_output=True, text=True, check=True)
     first = (PRELUDE + src.body).splitlines().index(
-        f'extern "C" void {src.name}_bf16(void** args) {{') + 1
+        f'extern "C" void {src.name}(void** args) {{') + 1
     lines = {int(ln.split(":")[1]) for ln in proc.stderr.splitlines()
              if "silu.cpp" in ln and "loop vectorized" in ln}
-    assert any(n > first for n in lines), proc.stderr  # the bf16 form's loop
-
-
-def test_a_kernel_over_two_full_tensors_or_with_a_reduction_has_no_bf16_form():
-    g = Graph("g")
-    x = g.add_input("x", TensorType((4, 32), F32))
-    y = g.add_input("y", TensorType((4, 32), F32))
-    g.outputs = [g.add1("mul", [x, g.add1("sigmoid", [y])]),
-                 g.add1("softmax", [g.add1("relu", [x])], {"dim": -1})]
-    lowered = lower(g, "greedy", measure=False)
-    kernels = [s.fn for s in lowered.steps if s.kind == "cpp"]
-    assert kernels and not any(k.passes_bf16 for k in kernels)
+    assert any(n > first for n in lines), proc.stderr
 
 
 @needs_gxx

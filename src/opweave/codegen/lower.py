@@ -240,7 +240,8 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
                 if measure else None)
     part = partition(graph, mode, FUSIBLE, ilp_seconds=ilp_seconds, anchor_seconds=measured,
                      apart=apart, conversion_seconds=_conversion_seconds(precision),
-                     costs=(precision,), float32_residuals=precision == "bf16")
+                     costs=(precision,), float32_residuals=precision == "bf16",
+                     fused_bytes=prec.fused_bytes if precision == "bf16" else None)
     ctx = part.ctx
     lowered = Lowered([], part, notes=list(part.notes))
     pending: list[tuple[Step, KernelSource]] = []
@@ -269,12 +270,13 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
             continue
         escapes = (lambda v, g=group: ctx.escapes(v, g))
         _add_kernel(graph, lowered, pending, nodes, render(graph, nodes, escapes),
-                    lambda schedule, nodes=nodes, escapes=escapes:
-                    render(graph, nodes, escapes, schedule))
+                    lambda schedule, nodes=nodes, escapes=escapes, low=None:
+                    render(graph, nodes, escapes, schedule, low))
     _build(pending, lowered, kernels)
     _drop_unread(lowered, graph)
     if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
+        _build_bf16_forms(lowered)
     elif precision == "int8":  # (dynamic quantization measures each call's range itself)
         int8.link_requantization(graph, lowered.steps)
     return lowered
@@ -478,30 +480,78 @@ def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
         return
     lowered.sources = list({src.name: src for src in chosen}.values())
     lowered.rescheduled = sum(src is not default for (_, default, _), src in zip(pending, chosen))
-    for (step, _, _), src in zip(pending, chosen):
+    for (step, _, rerender), src in zip(pending, chosen):
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
         step.name = src.name
         bf16 = [functions.get(n) for n in src.bf16_names or ()]
         step.fn = CppKernel(functions[src.name], src, fallback,
                             functions.get(src.channels_last_name), *bf16)
+        step.fn.rerender = rerender
+
+
+def _build_bf16_forms(lowered: Lowered) -> None:
+    """Give each generated kernel that reads a bf16 step's result, or whose results only
+    bf16 steps read (`precision.hand_off_in_bf16` decided both), its form on those
+    operands and results in bfloat16 (`bf16_forms`): no widened copy before it, no
+    rounded copy after. Where the forms cannot be built, the kernels convert around
+    their float32 forms, as they do for any operand of another type than they take."""
+    wanted = []
+    for step, low_in in prec.bf16_kernel_operands(lowered.steps):
+        low = (frozenset(low_in), step.fn.keep_low)
+        if low != (frozenset(), frozenset()):
+            wanted.append((step, low))
+    if not wanted:
+        return
+    try:
+        forms = bf16_forms([(step.fn, low) for step, low in wanted])
+    except build.BuildError as err:
+        warnings.warn(f"opweave: the bf16 forms of {len(wanted)} generated kernels could not "
+                      f"be built, so they convert their operands around their float32 "
+                      f"forms: {err}", FusionWarning, stacklevel=3)
+        return
+    for (step, _), form in zip(wanted, forms):
+        step.fn, step.name = form, form.source.name
+        lowered.sources.append(form.source)
+
+
+def bf16_forms(wanted: list[tuple[CppKernel, tuple[frozenset[int], frozenset[int]]]]
+               ) -> list[CppKernel]:
+    """Each fused kernel's form reading the inputs and writing the outputs at the given
+    positions in bfloat16 (`render(..., low=)`), under the schedule chosen for it, with
+    the kernel as its `general` form; built together. Raises build.BuildError."""
+    sources = [kernel.rerender(kernel.source.schedule, low=low) for kernel, low in wanted]
+    functions = kernel_schedule.build_functions(sources, KERNELS_PER_UNIT)
+    return [CppKernel(functions[src.name], src, kernel.fallback,
+                      functions.get(src.channels_last_name), general=kernel)
+            for (kernel, _), src in zip(wanted, sources)]
 
 
 class CppKernel:
     """Calls one generated kernel: allocates its outputs, passes contiguous inputs. A
     layout-free kernel given inputs that share one dense layout (channels-last
     activations) runs in that layout and writes its outputs in it, copying nothing; a
-    kernel with a channels-last variant runs that on channels-last inputs. A kernel with
-    bf16 variants (`passes_bf16`) runs them on a bf16 input, writing bf16 outputs."""
+    kernel with a channels-last variant runs that on channels-last inputs.
+
+    Types: a template with bf16 variants (`passes_bf16`: max pooling) runs them on a bf16
+    input, writing bf16. A fused kernel reads and writes bf16 where its source says
+    (`KernelSource.low_inputs`, `low_outputs`: its bf16 form), float32 elsewhere; given
+    operands of other types than those, it runs its float32 form (`general`) on them
+    widened, exactly, and rounds the results in `keep_low` (what hand_off_in_bf16 decided
+    to hand on in bf16) after it."""
 
     # runtime.native sets this while it records a call: told each kernel's address and
     # pointer arguments, so the native plan can call the kernel itself
     recording: Callable | None = None
 
     def __init__(self, fn, src: KernelSource, fallback: Callable | None = None,
-                 channels_last_fn=None, bf16_fn=None, bf16_channels_last_fn=None):
+                 channels_last_fn=None, bf16_fn=None, bf16_channels_last_fn=None,
+                 general: CppKernel | None = None):
         self.fallback = fallback  # for inputs that are not contiguous, if given
         self.source = src  # what the profiler shows of it
-        self.out_types = [(v.type.shape, v.type.dtype) for v in src.outputs]
+        self.in_types = [torch.bfloat16 if i in src.low_inputs else v.type.dtype
+                         for i, v in enumerate(src.inputs)]
+        self.out_types = [(v.type.shape, torch.bfloat16 if i in src.low_outputs else v.type.dtype)
+                          for i, v in enumerate(src.outputs)]
         self.argv = ctypes.c_void_p * (len(src.outputs) + len(src.inputs))
         self.layout_free = src.layout_free
         # the kernel, and the same for a channels-last input (its outputs row-major, or
@@ -510,25 +560,52 @@ class CppKernel:
         if bf16_fn is not None:
             self.functions[torch.bfloat16] = (_addressed(bf16_fn),
                                               _addressed(bf16_channels_last_fn))
-        # its bf16 form rounds its result (a pointwise kernel's), not only picks elements;
-        # which form runs is decided by the type of its input `bf16_input`
-        self.rounds_bf16, self.bf16_input = src.bf16_rounds, src.bf16_input
         self.channels_last_out = src.channels_last_out
         self.dense_inputs = src.dense_inputs
+        # the float32 form of a bf16 form: what runs on operands of other types
+        self.general = general
+        # the results handed on in bf16 (codegen/precision.hand_off_in_bf16)
+        self.keep_low: frozenset[int] = src.low_outputs
+        # the same kernel rendered anew under a schedule, and bf16 operands (`render`'s
+        # `low`): set for fused kernels, None for templates
+        self.rerender: Callable | None = general.rerender if general is not None else None
 
     @property
     def passes_bf16(self) -> bool:
-        """Whether it computes on a bf16 input what it computes on the widened one, rounded
-        (codegen/precision.hand_off_in_bf16 hands it bf16 results where its readers would
-        round its result anyway)."""
+        """Whether it computes on a bf16 input what it computes on the widened one, rounded,
+        by only picking elements (a template's bf16 variant: max pooling)."""
         return torch.bfloat16 in self.functions
 
     def __call__(self, *inputs):
-        low = self.passes_bf16 and inputs[self.bf16_input].dtype == torch.bfloat16
-        if any(x.dtype == torch.bfloat16 for i, x in enumerate(inputs)
-               if not (low and i == self.bf16_input)):
-            # codegen/precision.hand_off_in_bf16 never hands it one: it would misread it
-            raise TypeError(f"kernel {self.source.name} reads float32 there, not bfloat16")
+        low = self.passes_bf16 and inputs[0].dtype == torch.bfloat16
+        if not low and any(x.dtype != want for x, want in zip(inputs, self.in_types)):
+            return self._converting(inputs)
+        outs = self._run(inputs, low)
+        if outs is None:  # not its layout: torch's ops (float32) on the widened operands
+            return self._converting(inputs)
+        if not low and not self.keep_low <= self.source.low_outputs:  # no bf16 form built
+            outs = [y.to(torch.bfloat16) if i in self.keep_low else y
+                    for i, y in enumerate(outs)]
+        return outs
+
+    def _converting(self, inputs):
+        """Its float32 form on the operands widened (exactly), the results in `keep_low`
+        rounded: the values its bf16 form computes, for operands of types it does not
+        take as they are."""
+        wide = [x.float() if x.dtype == torch.bfloat16 else x for x in inputs]
+        general = self.general or self
+        if any(x.dtype != want for x, want in zip(wide, general.in_types)):
+            raise TypeError(f"kernel {self.source.name} reads "
+                            f"{', '.join(str(t).removeprefix('torch.') for t in general.in_types)}"
+                            f"; got {', '.join(str(x.dtype).removeprefix('torch.') for x in inputs)}")
+        outs = general._run(wide, False)
+        if outs is None:
+            outs = general.fallback(*wide)
+        return [y.to(torch.bfloat16) if i in self.keep_low else y for i, y in enumerate(outs)]
+
+    def _run(self, inputs, low: bool):
+        """Its outputs, computed by its function for `inputs`' types and layout (bf16 or
+        float32 for a template: `low`); None for a layout it leaves to `fallback`."""
         (fn, address), channels_last = self.functions[torch.bfloat16 if low else torch.float32]
         out_types = [(shape, torch.bfloat16) for shape, _ in self.out_types] if low \
             else self.out_types
@@ -537,7 +614,9 @@ class CppKernel:
             if channels_last is not None and self._channels_last(inputs):
                 (fn, address), layout_kernel = channels_last, True
             elif self.fallback is not None:
-                return self.fallback(*inputs)
+                if self.general is None and (low or not self.keep_low):
+                    return self.fallback(*inputs)  # torch's ops take either type
+                return None
         if layout_kernel:
             layout = torch.channels_last if self.channels_last_out else torch.contiguous_format
             outs = [torch.empty(shape, dtype=dtype, memory_format=layout)

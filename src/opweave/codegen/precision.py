@@ -12,8 +12,11 @@ back to float32 for the steps that compute in float32, handed on as it is where 
 bf16 steps read it. Every other op (norms, softmax outside attention, reductions,
 pointwise kernels) computes in float32 as before, and graph inputs and outputs stay
 float32. A bf16 result also passes on in bf16 through steps that only move or pick
-elements (`passes_bf16`: views, cat, max pooling), and into a layer norm that reads it
-in float32 arithmetic (`MixedCall`). A library group or attention is measured in both
+elements (`passes_bf16`: views, cat, max pooling), into a layer norm that reads it
+in float32 arithmetic (`MixedCall`), and into a fused generated kernel, which widens it
+in registers and writes its own results rounded to bf16 where only bf16 steps read them
+(its bf16 form: `render(..., low=)`); either way the values are those of the widened
+copies, to the bit. A library group or attention is measured in both
 types, and keeps float32 (only more accurate) where a float32 form measured clearly
 faster than its bf16 forms (`choice._preferring_bf16`); `explain` counts the bf16 steps.
 
@@ -119,21 +122,20 @@ PASSING_OPS = frozenset({"cat"})
 
 def passes_bf16(step) -> bool:
     """Whether `step` hands a bf16 operand on as bf16, computing on it what it computes on
-    the widened one, rounded: a single view op or `PASSING_OPS` op (torch takes any
-    dtype), or a generated kernel with bf16 variants (`CppKernel.passes_bf16`: max
-    pooling; a pointwise kernel over one input, which rounds: `rounds_bf16`)."""
+    the widened one, rounded, by only moving or picking elements: a single view op or
+    `PASSING_OPS` op (torch takes any dtype), or a template kernel with bf16 variants
+    (`CppKernel.passes_bf16`: max pooling)."""
     if step.kind == "op" and len(step.nodes) == 1:
         node = step.nodes[0]
         return node.opdef.is_view or node.op in PASSING_OPS
     return getattr(step.fn, "passes_bf16", False)
 
 
-def rounds_bf16(step) -> bool:
-    """Whether `step`'s bf16 form rounds a result its float32 form would not (a pointwise
-    kernel's: `CppKernel.rounds_bf16`), where a view, cat or max pooling only moves or
-    picks elements: such a step is handed bf16 only where every reader of its result
-    would round it, not where a norm (`MixedCall`) would widen it."""
-    return getattr(step.fn, "rounds_bf16", False)
+def has_bf16_forms(step) -> bool:
+    """Whether `step` is a fused generated kernel, which reads any operand in bf16 as it
+    comes (widened in registers, exactly) and writes any result in bf16 (rounded) in a
+    form made for it (`render(..., low=)`, lower._build_bf16_forms)."""
+    return step.kind == "cpp" and getattr(step.fn, "rerender", None) is not None
 
 
 # ops that end a bf16 group's epilogue (bias, activation, residual add): the group's
@@ -174,8 +176,8 @@ def may_arrive_in_bf16(v, graph_outputs=frozenset(), depth: int = 4,
     if depth == 0:
         return False
     if p.op not in _EPILOGUE_OPS | PASSING_OPS | POOLING_OPS:
-        # a pointwise function of one tensor (SiLU: x * sigmoid(x)), a generated kernel
-        # with a bf16 form (codegen/render.bf16_operand)
+        # a pointwise function of one tensor (SiLU: x * sigmoid(x)) between bf16 steps: a
+        # generated kernel that writes its result in bf16 for them (its bf16 form)
         source = _pointwise_source(v, graph_outputs)
         return source is not None and may_arrive_in_bf16(source, graph_outputs, depth - 1,
                                                          from_norms=False)
@@ -244,14 +246,15 @@ def conversion_bytes(ctx, members) -> int:
     that a bf16 step reads is rounded again (2 bytes read and 4 written, or 4 and 2, an
     element); a norm's result is not widened (it writes float32 for such a reader). Zero
     for a group with a product, convolution or attention (measured in bf16 with its
-    conversions), for one op that takes bf16 as it comes (a view, cat, a pooling with
-    bf16 kernels, a layer norm: `MixedCall`), and for a pointwise kernel over one tensor
-    from a bf16 step whose results only bf16 steps read (its bf16 form reads and writes
-    bf16 there: codegen/render.bf16_operand). The partitioner adds their
-    time (`partition(..., conversion_seconds=...)`): it would otherwise see a float32
-    kernel between bf16 steps as free of them, and noise chose between BERT-base's FFN
-    output with its residual add in the product's epilogue and the norm alone (55.6 ms a
-    call in bf16, Zen 4) and the add and the norm as one float32 kernel (55.9)."""
+    conversions), and for one op that takes bf16 as it comes (a view, cat, a pooling with
+    bf16 kernels, a layer norm: `MixedCall`). A fused kernel (a group of several ops)
+    reads bf16 as it comes and writes bf16 for readers that all round (its bf16 form),
+    so only a result that bf16 and float32 steps both read is rounded for it. The
+    partitioner adds their time (`partition(..., conversion_seconds=...)`): it would
+    otherwise see a float32 kernel between bf16 steps as free of them, and noise chose
+    between BERT-base's FFN output with its residual add in the product's epilogue and
+    the norm alone (55.6 ms a call in bf16, Zen 4) and the add and the norm as one
+    float32 kernel (55.9)."""
     if any(n.op in LOWERED_OPS for n in members):
         return 0
     if len(members) == 1:
@@ -260,32 +263,41 @@ def conversion_bytes(ctx, members) -> int:
             return 0
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = {v for n in members for v in n.outputs if ctx.escapes(v, members)}
-    tensors = [v for v in inputs if not _constant(v)]
-    if all(n.op in _POINTWISE_OPS for n in members) and len(tensors) == 1 \
-            and tensors[0].type.dtype == torch.float32 \
-            and may_arrive_in_bf16(tensors[0], ctx.graph_outputs, from_norms=False) \
-            and all(v.type.shape == tensors[0].type.shape and v.type.dtype == torch.float32
-                    and v not in ctx.graph_outputs and _only_read_in_bf16(v, ctx.users)
-                    for v in outputs):
-        return 0  # a pointwise kernel over one tensor reads and writes bf16 there
+    rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
+                  and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users)
+                  and (len(members) == 1 or not _only_read_in_bf16(v, ctx.users)))
+    if len(members) > 1:
+        return rounded * 3 // 2
     widened = sum(v.type.nbytes for v in inputs if v.type.dtype == torch.float32
                   and may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False))
-    rounded = sum(v.type.nbytes for v in outputs if v.type.dtype == torch.float32
-                  and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users))
     return (widened + rounded) * 3 // 2
+
+
+def fused_bytes(ctx, v, members) -> int:
+    """The bytes a fused kernel (a group of several ops without a product) moves for a
+    value `v` it reads or writes under bf16: half its float32 size for a result of a bf16
+    step it reads as it comes, and for a result it writes for bf16 steps only (its bf16
+    form); the type's size for anything else. Counted so, the partitioner sees that
+    ViT-B/16's residual add and layer norm as one kernel move 1.8 MB, not 2.4."""
+    size = v.type.nbytes
+    if v.type.dtype != torch.float32 or v in ctx.graph_outputs \
+            or any(n.op in LOWERED_OPS for n in members):
+        return size
+    if ctx.producer_in(v, members):  # a result it writes
+        return size // 2 if _only_read_in_bf16(v, ctx.users) else size
+    return size // 2 if may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False) else size
 
 
 def hand_off_in_bf16(steps, graph_outputs) -> int:
     """Leave a step's output in bf16 where its readers would round it to bf16 anyway: every
     step that reads it, directly or through steps that pass bf16 on exactly
     (`passes_bf16`: views, concatenation, max pooling), computes in bf16 itself. A bf16
-    step's output (rounded already) may also go to a `MixedCall` that reads it where it
-    may: it widens it exactly; and to a pointwise kernel that rounds (`rounds_bf16`) whose
-    own results only bf16 steps read: float32 would compute the same on the widened
-    value, and those readers would round its result. A `MixedCall`'s own output (float32
-    arithmetic) is rounded only for readers that round it: for another norm, or a
-    pointwise kernel, it would be a rounding that was not there. Graph outputs stay
-    float32. Returns the number of outputs handed off."""
+    step's output (rounded already) may also go to a step that widens it exactly: a
+    `MixedCall` at an operand it reads in bf16, or a fused generated kernel
+    (`has_bf16_forms`) at any operand. The results of a `MixedCall` or a fused kernel
+    (float32 arithmetic) are rounded only for readers that round them: for another norm
+    or kernel it would be a rounding that was not there. Graph outputs stay float32.
+    Returns the number of outputs handed off."""
     readers: dict = {}
     for step in steps:
         for v in dict.fromkeys(step.inputs):
@@ -298,18 +310,10 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
         for r in readers[v]:
             if r.precision == "bf16" and low_precision_call(r) is not None:
                 continue
+            if widening_too and has_bf16_forms(r):
+                continue
             if passes_bf16(r):
-                # a kernel reads bf16 at one input only; a rounding one computes what
-                # float32 computes only on a value float32 would have rounded already (a
-                # bf16 step's result), and its own rounded result only for readers that
-                # round it themselves
-                at = getattr(r.fn, "bf16_input", None)
-                if at is not None and [i for i, u in enumerate(r.inputs) if u is v] != [at]:
-                    return False
-                if rounds_bf16(r) and not widening_too:
-                    return False
-                onward = widening_too and not rounds_bf16(r)
-                if all(rounded_by_readers(o, onward) for o in r.outputs):
+                if all(rounded_by_readers(o, widening_too) for o in r.outputs):
                     continue
                 return False
             if not (widening_too and isinstance(r.fn, MixedCall) and all(
@@ -319,14 +323,34 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
 
     handed = 0
     for step in steps:
-        mixed = isinstance(step.fn, MixedCall)
-        call = step.fn if mixed else low_precision_call(step)
+        computed = isinstance(step.fn, MixedCall) or has_bf16_forms(step)
+        call = step.fn if computed else low_precision_call(step)
         if call is None:
             continue
         call.keep_low = frozenset(i for i, v in enumerate(step.outputs)
-                                  if rounded_by_readers(v, widening_too=not mixed))
+                                  if rounded_by_readers(v, widening_too=not computed))
         handed += len(call.keep_low)
     return handed
+
+
+def bf16_kernel_operands(steps) -> list[tuple[object, list[int]]]:
+    """(step, positions of its operands that come in bf16) for each fused generated kernel
+    (`has_bf16_forms`), once `hand_off_in_bf16` has decided: an operand is a result
+    handed on in bf16 (`keep_low`), directly or through views of it."""
+    low: set = set()
+    found = []
+    for step in steps:
+        if has_bf16_forms(step):
+            found.append((step, [i for i, v in enumerate(step.inputs) if v in low]))
+        if step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view:
+            if step.inputs and step.inputs[0] in low:
+                low.update(step.outputs)
+            continue
+        call = step.fn if isinstance(step.fn, MixedCall) or has_bf16_forms(step) \
+            else low_precision_call(step)
+        if call is not None:
+            low.update(step.outputs[i] for i in call.keep_low)
+    return found
 
 
 def applies(precision: str, op: str) -> bool:

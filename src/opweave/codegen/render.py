@@ -52,15 +52,17 @@ class KernelSource:
     # the inputs (positions) that must be channels-last for it, the others row-major;
     # None: all of them (a template's one input)
     dense_inputs: tuple[int, ...] | None = None
-    # the same kernel on bfloat16 tensors (row-major, channels-last): its float32 result
-    # on the widened bf16 input, rounded (codegen/precision.hand_off_in_bf16 hands it a
-    # bf16 input only where that is all its readers would read)
+    # a template's same kernel on bfloat16 tensors (row-major, channels-last): it only
+    # picks elements (max pooling), so a bf16 input gives the float32 result rounded
     bf16_names: tuple[str, str | None] | None = None
-    # whether its bf16 form rounds a result float32 would not (a pointwise kernel), where a
-    # max pooling's only picks elements of its input: exact
-    bf16_rounds: bool = False
-    # the input its bf16 form reads in bf16 (the others, broadcast, stay float32)
-    bf16_input: int = 0
+    # the input and output positions its functions read and write in bfloat16 (float32
+    # math inside): a bf16 step's result read as it comes, widened in registers, and
+    # results only bf16 steps read written rounded (codegen/precision.hand_off_in_bf16);
+    # none in the form `render` makes first, these in a form made for them (`low=`)
+    low_inputs: frozenset[int] = frozenset()
+    low_outputs: frozenset[int] = frozenset()
+    # the schedule it was rendered under (None: the default), for its bf16 forms
+    schedule: object = None
 
     def function_names(self) -> list[str]:
         """Every function `body` defines: the kernel and its variants."""
@@ -74,8 +76,10 @@ class GroupEmitter:
     language (this one C++, codegen/triton the other)."""
 
     int_div = "/"  # integer division of non-negative row numbers
-    # the input read in bfloat16, its results written in it (`bf16_operand`); float32 math
-    low: Value | None = None
+    # the inputs read in bfloat16 and the outputs written in it (`render(..., low=)`);
+    # float32 math
+    low_inputs: frozenset = frozenset()
+    low_outputs: frozenset = frozenset()
 
     def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
@@ -128,7 +132,7 @@ class GroupEmitter:
 
     def element(self, v: Value) -> str:
         """Input `v`'s element at the current row and column."""
-        if v is self.low:
+        if v in self.low_inputs:
             return f"ow_bf16_widen({self.arg(v)}[{self.index(v)}])"
         return f"{self.arg(v)}[{self.index(v)}]"
 
@@ -258,61 +262,40 @@ def _ctype(v: Value) -> str:
     return "const bool*" if v.type.dtype == torch.bool else "const float*"
 
 
-def render(graph: Graph, members: list[Node], escapes, schedule=None) -> KernelSource:
+def render(graph: Graph, members: list[Node], escapes, schedule=None,
+           low: tuple[frozenset[int], frozenset[int]] | None = None) -> KernelSource:
     """C++ for `members` (in graph order); `escapes(value)` says which values it writes.
     `schedule` (codegen/kernel_schedule.KernelSchedule; None: the default) sets its
-    threads, vector width and unrolling; the default's source and name never change."""
+    threads, vector width and unrolling; the default's source and name never change.
+    `low`: (input positions, output positions) its functions read and write in bfloat16,
+    computing in float32 as ever: a bf16 step's result comes in as it is, widened in
+    registers (exactly what widening it first gives), and a result only bf16 steps read
+    goes out rounded as they would round it, so the form computes the same values and
+    moves fewer bytes, with no conversions around it (codegen/precision.hand_off_in_bf16
+    says which)."""
     em = GroupEmitter(graph, members, escapes)
+    low_in, low_out = low or (frozenset(), frozenset())
     reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
     threads = "auto" if schedule is None else schedule.threads
-    lines = _function(em, members, reduce, threads)
     attributes = "" if schedule is None else schedule.attributes()
-    digest = hashlib.sha256("\n".join(lines).encode() + attributes.encode()).hexdigest()[:16]
-    name = f"ow_k_{digest}"
-    src = f'extern "C" {attributes}void {name}(void** args) {{\n' + "\n".join(lines) + "\n}\n"
-    layout_free = em.elementwise
     dense = channels_last_dense_inputs(em, reduce)
-    operand = bf16_operand(em, reduce)
-    # (name suffix, walked channels-last, the input read in bf16) of each function
-    variants = [("", False, None)]
-    if operand is not None:
-        variants.append(("_bf16", False, operand))
-    if dense is not None:
-        variants += [(f"_cl{suffix}", True, low) for suffix, _, low in variants]
-    for suffix, walked, low in variants[1:]:
-        emitter = GroupEmitter(graph, members, escapes, channels_last=walked)
-        emitter.low = low
-        src += (f'extern "C" {attributes}void {name}{suffix}(void** args) {{\n'
-                + "\n".join(_function(emitter, members, None, threads)) + "\n}\n")
+    functions = []
+    for walked in (False, True) if dense is not None else (False,):
+        emitter = GroupEmitter(graph, members, escapes, channels_last=walked) if walked else em
+        emitter.low_inputs = frozenset(em.inputs[i] for i in low_in)
+        emitter.low_outputs = frozenset(em.outputs[i] for i in low_out)
+        functions.append(_function(emitter, members, reduce if not walked else None, threads))
+    digest = hashlib.sha256("\n".join(functions[0]).encode() + attributes.encode()).hexdigest()[:16]
+    name = f"ow_k_{digest}"
+    src = "".join(f'extern "C" {attributes}void {name}{suffix}(void** args) {{\n'
+                  + "\n".join(lines) + "\n}\n"
+                  for suffix, lines in zip(("", "_cl"), functions))
     extra = {}
     if dense is not None:
         extra = dict(channels_last_name=f"{name}_cl", channels_last_out=True, dense_inputs=dense)
-    if operand is not None:
-        extra.update(bf16_names=(f"{name}_bf16", f"{name}_cl_bf16" if dense else None),
-                     bf16_rounds=True, bf16_input=em.inputs.index(operand))
-    return KernelSource(name, src, em.inputs, em.outputs, layout_free, _node_lines(em, src),
-                        **extra)
-
-
-def bf16_operand(em: GroupEmitter, reduce) -> Value | None:
-    """The input the kernel's form on bfloat16 reads in bf16, if it has one: a pointwise
-    group (no reduction) over one float32 input of its own shape, the others broadcast
-    float32 operands (a batch norm's per-channel scale and shift), writing float32
-    values of that shape. Under precision "bf16" it sits between convolutions or
-    products (SiLU; a norm's scale and shift with ReLU before a convolution), whose
-    results come rounded to bf16 anyway: read as bf16 (widened in registers, exactly)
-    and written as bf16 where only bf16 steps read them (which would round them), the
-    kernel moves half the bytes and its neighbours convert nothing, with the same
-    values (codegen/precision.hand_off_in_bf16)."""
-    if reduce is not None or not em.inputs or not em.shape:
-        return None
-    full = [v for v in em.inputs if em.shape_of(v) == em.shape]
-    if len(full) != 1 or any(v.type.dtype != torch.float32 for v in em.inputs):
-        return None
-    if any(v.type.dtype != torch.float32 or tuple(v.type.shape) != tuple(full[0].type.shape)
-           for v in em.outputs):
-        return None
-    return full[0]
+    return KernelSource(name, src, em.inputs, em.outputs, em.elementwise, _node_lines(em, src),
+                        low_inputs=frozenset(low_in), low_outputs=frozenset(low_out),
+                        schedule=schedule, **extra)
 
 
 def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | None:
@@ -338,11 +321,11 @@ def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | No
 def _function(em: GroupEmitter, members, reduce, threads: str) -> list[str]:
     """The lines of one kernel function's body."""
     lines = []
-    out_type = "uint16_t*" if em.low is not None else "float*"
     for i, v in enumerate(em.outputs):
+        out_type = "uint16_t*" if v in em.low_outputs else "float*"
         lines.append(f"  {out_type} __restrict a{i} = ({out_type})args[{i}];")
     for v in em.inputs:
-        ctype = "const uint16_t*" if v is em.low else _ctype(v)
+        ctype = "const uint16_t*" if v in em.low_inputs else _ctype(v)
         lines.append(f"  {ctype} __restrict {em.arg(v)} = ({ctype})args[{em.outputs.__len__() + em.inputs.index(v)}];")
     total = em.rows * em.cols
     par = _parallel(threads, f"{total} >= {PARALLEL_MIN} && {em.rows} > 1", f"{em.rows} > 1")
@@ -397,9 +380,9 @@ def _node_lines(em, src: str) -> dict:
 
 
 def _stores(em, nodes, at: str) -> list[str]:
-    spelled = "ow_bf16_round({})" if em.low is not None else "{}"
-    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = "
-            f"{spelled.format(em.names[n.outputs[0]])};"
+    def spelled(v):
+        return f"ow_bf16_round({em.names[v]})" if v in em.low_outputs else em.names[v]
+    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = {spelled(n.outputs[0])};"
             for n in nodes if n.outputs[0] in em.outputs]
 
 

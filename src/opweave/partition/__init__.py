@@ -75,20 +75,23 @@ def clear_cache() -> None:
 def partition(graph: Graph, method: str, fusible: Fusible, ilp_seconds: float = 2.0,
               anchor_seconds=None, apart: frozenset[Node] = frozenset(),
               conversion_seconds=None, costs: tuple = (),
-              float32_residuals: bool = False) -> Partition:
+              float32_residuals: bool = False, fused_bytes=None) -> Partition:
     """Groups of `graph` that run as one kernel, given what the code generator can fuse
     (`fusible`). `anchor_seconds(ctx, group)`, if given, is the measured time of a group
     holding a library call (codegen measures the candidates per shape); otherwise the
     roofline. `conversion_seconds(ctx, group)`, if given, is added to a group without a
     library call: what it makes its neighbours convert (a float32 kernel between bf16
-    steps). `costs` names what those two depend on beyond the graph (the precision), so a
+    steps), and `fused_bytes(ctx, value, group)`, if given, is the size a fused group moves
+    of a value it reads or writes (bf16: half, for one that comes or goes in bf16).
+    `costs` names what those depend on beyond the graph (the precision), so a
     solution cached for one is not taken for another. Nodes in `apart` are fused with
     nothing. `float32_residuals`: a product's residual add is never its post-op (bf16: the
     add then sums in float32, not into the product's rounded result)."""
     if method not in METHODS:
         raise ValueError(f"unknown partitioner {method!r}; choose one of {METHODS}")
     start = time.perf_counter()
-    ctx = Context(graph, fusible, anchor_seconds, apart, conversion_seconds, float32_residuals)
+    ctx = Context(graph, fusible, anchor_seconds, apart, conversion_seconds, float32_residuals,
+                  fused_bytes)
     adj = neighbours(ctx)
     comps = components(ctx, adj)
     group_of: dict[Node, frozenset[Node]] = {}

@@ -12,13 +12,16 @@ class Context:
 
     def __init__(self, graph: Graph, fusible: Fusible, anchor_seconds=None,
                  apart: frozenset[Node] = frozenset(), conversion_seconds=None,
-                 float32_residuals: bool = False):
+                 float32_residuals: bool = False, fused_bytes=None):
         self.graph = graph
         self.fusible = fusible
         # a product's residual add is not its post-op (legality.anchor_epilogue)
         self.float32_residuals = float32_residuals
         self.anchor_seconds = anchor_seconds
         self.conversion_seconds = conversion_seconds
+        # fused_bytes(ctx, value, members): what a fused group moves for a value it reads
+        # or writes, where not its type's size (a bf16 operand: half)
+        self.fused_bytes = fused_bytes
         self.nodes = [n for n in graph.nodes if n.op != "constant"]
         self.index = {n: i for i, n in enumerate(self.nodes)}
         self.role: dict[Node, Role] = {}

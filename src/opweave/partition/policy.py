@@ -29,7 +29,8 @@ def _roofline_seconds(ctx: Context, members, machine: Machine | None) -> float:
                             [v.type for v in node.outputs], node.attrs, machine)
     inputs = {v for n in members for v in n.inputs if not ctx.producer_in(v, members)}
     outputs = [v for n in members for v in n.outputs if ctx.escapes(v, members)]
-    moved = sum(v.type.nbytes for v in inputs) + sum(v.type.nbytes for v in outputs)
+    size = ctx.fused_bytes or (lambda ctx, v, members: v.type.nbytes)
+    moved = sum(size(ctx, v, members) for v in (*inputs, *outputs))
     flops = sum(_flops(n) for n in members)
     return (machine or active()).seconds(flops, moved)
 
