@@ -78,6 +78,57 @@ def test_the_plan_is_built_after_the_recorded_call_and_replays_it():
         assert torch.equal(a, b)
 
 
+def _viewing_graph() -> Graph:
+    """Views of views (a slice, a permute, a reshape) of the input and of a kernel's
+    result, one of them an output, the others read by a kernel."""
+    g = Graph("views")
+    x = g.add_input("x", TensorType((4, 6, 8), torch.float32))
+    part = g.add1("slice", [x], {"dim": 1, "start": 1, "end": 5})
+    moved = g.add1("permute", [part], {"dims": [0, 2, 1]})
+    fused = g.add1("mul", [g.add1("relu", [moved]), moved])  # a generated kernel
+    flat = g.add1("reshape", [fused], {"shape": [32, 4]})
+    g.outputs = [g.add1("tanh", [g.add1("slice", [flat], {"dim": 0, "start": 3, "end": 30})]),
+                 g.add1("permute", [part], {"dims": [2, 1, 0]})]
+    return g
+
+
+def test_views_replay_as_restrides_of_their_source_wherever_it_lies():
+    """A view of a plan's value is replayed as the sizes, strides and offset it gave,
+    made from its first source directly (a view only another view reads makes nothing),
+    and an allocation as a plain one; on an input with another storage offset, the views
+    land where the Python steps' views land."""
+    assert native.module(wait=True) is not None, native.unavailable()
+    ex = compile_graph(_viewing_graph(), OPTIONS).executor
+    from opweave.codegen.lower import CppKernel
+
+    base = torch.randn(3, 4, 6, 8)
+    first = base[0]
+    recorder = native.Recorder([first])
+    CppKernel.recording = recorder.kernel
+    try:
+        with recorder:
+            outputs = ex._run([first])
+    finally:
+        CppKernel.recording = None
+    kinds = [r[0] for r in recorder.records if isinstance(r[0], str)]
+    assert kinds.count("view") == 5 and "empty" in kinds
+    assert not {"aten::slice", "aten::permute", "aten::view", "aten::empty"} & set(kinds), kinds
+    records = list(recorder.records)
+    plan = recorder.finish(outputs)
+    # the slice only the permutes read and the reshape only the last slice reads make
+    # nothing (they touch no slot); both permutes are made from the input (slot 0)
+    views = [(r, recorder.layout.touched[i]) for i, r in enumerate(records) if r[0] == "view"]
+    assert sum(not touched for _, touched in views) == 2
+    assert sum(r[1] == 0 and bool(touched) for r, touched in views) == 2
+    for x in (base[0], base[2], base[1].clone()):
+        replayed, stepped = plan.run([x]), ex._run([x])
+        for a, b in zip(replayed, stepped):
+            assert a.shape == b.shape and a.stride() == b.stride()
+            assert torch.equal(a, b)
+        moved = replayed[1]  # a view of the input itself: the same memory
+        assert moved.data_ptr() == x[:, 1:5].data_ptr()
+
+
 def test_other_strides_run_the_python_steps():
     ex = compile_graph(_fused_graph(), OPTIONS).executor
     _warm(ex, lambda: [torch.randn(8, 16)])

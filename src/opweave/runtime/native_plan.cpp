@@ -13,6 +13,7 @@
 //
 // A plan may keep the calling thread's OpenMP workers off the CPU the caller runs on
 // (`set_workers_apart`, Options.workers; WorkersApart below says why).
+#include <ATen/Functions.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -325,6 +326,15 @@ struct Ref {
 
 struct Instruction {
   bool is_kernel = false;
+  // a view computed without the dispatcher's boxing: slot `source` restrided (`sizes`,
+  // `strides`, its storage offset plus `offset`) into `outputs[0]`; -1 there: dead
+  bool is_view = false;
+  // a fresh tensor: torch.empty_strided(sizes, strides, dtype) into `outputs[0]`
+  bool is_empty = false;
+  int source = -1;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
   std::optional<c10::OperatorHandle> op;
   std::vector<c10::IValue> stack;  // the recorded arguments, slot tensors left in place
   std::vector<Ref> refs;
@@ -425,6 +435,34 @@ class Plan {
     ins.is_kernel = true;
     ins.kernel = reinterpret_cast<void (*)(void**)>(address);
     ins.kernel_slots = std::move(slots);
+    instructions_.push_back(std::move(ins));
+  }
+
+  // A view of slot `source` (a view operator's result, the recorded call's sizes and
+  // strides, `offset` elements past the source's storage offset) into slot `output`
+  // (-1: nothing reads it, so nothing runs).
+  void add_view(int source, std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                int64_t offset, int output) {
+    Instruction ins;
+    ins.is_view = true;
+    ins.source = source;
+    ins.sizes = std::move(sizes);
+    ins.strides = std::move(strides);
+    ins.offset = offset;
+    ins.outputs = {output};
+    instructions_.push_back(std::move(ins));
+  }
+
+  // A fresh CPU tensor of the recorded sizes and strides, of `like`'s type, into slot
+  // `output`.
+  void add_empty(std::vector<int64_t> sizes, std::vector<int64_t> strides,
+                 const at::Tensor& like, int output) {
+    Instruction ins;
+    ins.is_empty = true;
+    ins.sizes = std::move(sizes);
+    ins.strides = std::move(strides);
+    ins.dtype = like.scalar_type();
+    ins.outputs = {output};
     instructions_.push_back(std::move(ins));
   }
 
@@ -626,7 +664,15 @@ class Plan {
 
   void execute_one(const Instruction& ins, std::vector<at::Tensor>& slots,
                    std::vector<void*>& pointers) const {
-    if (ins.is_kernel) {
+    if (ins.is_view) {
+      if (ins.outputs[0] >= 0) {
+        const at::Tensor& source = slots[ins.source];
+        slots[ins.outputs[0]] =
+            source.as_strided(ins.sizes, ins.strides, source.storage_offset() + ins.offset);
+      }
+    } else if (ins.is_empty) {
+      slots[ins.outputs[0]] = at::empty_strided(ins.sizes, ins.strides, at::TensorOptions().dtype(ins.dtype));
+    } else if (ins.is_kernel) {
       pointers.resize(ins.kernel_slots.size());
       for (size_t i = 0; i < pointers.size(); ++i) {
         pointers[i] = slots[ins.kernel_slots[i]].data_ptr();
@@ -860,6 +906,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def(py::init<const std::vector<at::Tensor>&>())
       .def("add_op", &Plan::add_op)
       .def("add_kernel", &Plan::add_kernel)
+      .def("add_view", &Plan::add_view)
+      .def("add_empty", &Plan::add_empty)
       .def("add_constant", &Plan::add_constant)
       .def("set_frees", &Plan::set_frees)
       .def("set_outputs", &Plan::set_outputs)
