@@ -55,21 +55,27 @@ def test_replay_takes_over_and_computes_what_the_python_steps_compute():
         assert torch.equal(a, b)
 
 
-def test_the_plan_is_built_after_the_recorded_call_and_replays_it():
-    """Instructions built during the call split the heap blocks its tensors freed (glibc
-    then grows the heap); the record holds slots, not tensors, until `finish`."""
+def _recorded(ex, inputs):
+    """(the recorder, the outputs) of one call of `ex`'s Python steps, recorded."""
     from opweave.codegen.lower import CppKernel
 
     assert native.module(wait=True) is not None, native.unavailable()
-    ex = compile_graph(_fused_graph(), OPTIONS).executor
-    x = torch.randn(8, 16)
-    recorder = native.Recorder([x])
+    recorder = native.Recorder(inputs)
     CppKernel.recording = recorder.kernel
     try:
         with recorder:
-            outputs = ex._run([x])
+            outputs = ex._run(inputs)
     finally:
         CppKernel.recording = None
+    return recorder, outputs
+
+
+def test_the_plan_is_built_after_the_recorded_call_and_replays_it():
+    """Instructions built during the call split the heap blocks its tensors freed (glibc
+    then grows the heap); the record holds slots, not tensors, until `finish`."""
+    ex = compile_graph(_fused_graph(), OPTIONS).executor
+    x = torch.randn(8, 16)
+    recorder, outputs = _recorded(ex, [x])
     assert len(recorder.plan) == 0 and recorder.kernels >= 1
     assert len(recorder.records) == len(recorder.touched)
     plan = recorder.finish(outputs)
@@ -97,19 +103,9 @@ def test_views_replay_as_restrides_of_their_source_wherever_it_lies():
     made from its first source directly (a view only another view reads makes nothing),
     and an allocation as a plain one; on an input with another storage offset, the views
     land where the Python steps' views land."""
-    assert native.module(wait=True) is not None, native.unavailable()
     ex = compile_graph(_viewing_graph(), OPTIONS).executor
-    from opweave.codegen.lower import CppKernel
-
     base = torch.randn(3, 4, 6, 8)
-    first = base[0]
-    recorder = native.Recorder([first])
-    CppKernel.recording = recorder.kernel
-    try:
-        with recorder:
-            outputs = ex._run([first])
-    finally:
-        CppKernel.recording = None
+    recorder, outputs = _recorded(ex, [base[0]])
     kinds = [r[0] for r in recorder.records if isinstance(r[0], str)]
     assert kinds.count("view") == 5 and "empty" in kinds
     assert not {"aten::slice", "aten::permute", "aten::view", "aten::empty"} & set(kinds), kinds
