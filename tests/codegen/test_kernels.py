@@ -501,11 +501,11 @@ def test_max_pool_kernels_on_bf16_give_the_float32_result_rounded(op, attrs, sha
     torch.testing.assert_close(kernel(wide[..., ::2])[0], want, equal_nan=True, rtol=0, atol=0)
 
 
-def _bf16_form(kernel, low_in, low_out):
+def _bf16_form(kernel, low_in, low_out, twins=()):
     import importlib
 
     lowering = importlib.import_module("opweave.codegen.lower")  # `lower` is the function
-    (form,) = lowering.bf16_forms([(kernel, (frozenset(low_in), frozenset(low_out)))])
+    (form,) = lowering.bf16_forms([(kernel, (frozenset(low_in), frozenset(low_out)), twins)])
     return form
 
 
@@ -581,7 +581,8 @@ def test_a_layer_norm_kernel_reads_a_bf16_operand_and_writes_float32_and_bf16_re
     """A residual add and layer norm (ViT's, between two products under bf16): its form
     reads the product's result in bf16 and the residual in float32, writes the sum in
     float32 and the norm in bf16: the float32 kernel's values on the widened operand, the
-    norm rounded, to the bit."""
+    norm rounded, to the bit. BERT's (the norm read in both types) writes the norm in
+    float32 and rounded, into a second value."""
     g = Graph("g")
     h = g.add_input("h", TensorType((10, 96), F32))
     r = g.add_input("r", TensorType((10, 96), F32))
@@ -602,6 +603,17 @@ def test_a_layer_norm_kernel_reads_a_bf16_operand_and_writes_float32_and_bf16_re
                                       for i in range(len(got))]
     for i, (a, b) in enumerate(zip(got, want)):
         _same_bits(a, b.to(torch.bfloat16) if i == written else b)
+    # the norm in both types: float32 where it was, rounded into a value after the outputs
+    from opweave.ir.graph import Value
+
+    twin = Value("norm_bf16", TensorType((10, 96), torch.bfloat16))
+    both = _bf16_form(step.fn, {at}, set(), twins=((written, twin),))
+    got = both(*[args[v] for v in step.inputs])
+    assert len(got) == len(want) + 1 and got[-1].dtype == torch.bfloat16
+    for a, b in zip(got, [*want, want[written].to(torch.bfloat16)]):
+        _same_bits(a, b)
+    converted = both._converting([args[v] for v in step.inputs])[-1]  # no form: copies
+    _same_bits(converted, got[-1])
 
 
 @needs_gxx

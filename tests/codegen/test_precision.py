@@ -517,7 +517,7 @@ def test_a_fused_kernel_reads_bf16_results_as_they_come_and_writes_bf16_for_bf16
         for way in ("forms", "converting", "widened"):
             monkeypatch.setattr(choice, "_CHOICES", {})
             if way == "converting":
-                monkeypatch.setattr(lowering, "_build_bf16_forms", lambda lowered: None)
+                monkeypatch.setattr(lowering, "_build_bf16_forms", lambda lowered, graph: None)
             if way == "widened":
                 monkeypatch.setattr(precision, "has_bf16_forms", lambda step: False)
             compiled[way] = opweave.compile(model, (x,), options=options)
@@ -536,6 +536,51 @@ def test_a_fused_kernel_reads_bf16_results_as_they_come_and_writes_bf16_for_bf16
     widened = compiled["widened"].program.compiled_graphs[0].executor.lowered_steps
     assert not any(s.fn.source.low_inputs or s.fn.source.low_outputs
                    for s in widened if s.kind == "cpp")
+
+
+class _PostNorm(nn.Module):
+    """BERT's post-norm layer, twice: each norm's result is the next layer's residual (read
+    in float32) and the next products' operand (read in bf16)."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.inner = nn.ModuleList(nn.Linear(width, width) for _ in range(4))
+        self.norms = nn.ModuleList(nn.LayerNorm(width) for _ in range(2))
+
+    def forward(self, x):
+        for k, norm in enumerate(self.norms):
+            x = norm(x + self.inner[2 * k + 1](F.gelu(self.inner[2 * k](x))))
+        return x
+
+
+@needs_bf16
+def test_a_result_read_in_both_types_is_written_in_both(monkeypatch):
+    """A residual add and norm whose result the next products read (in bf16) and the next
+    residual add reads (in float32): the kernel also writes it rounded, into a value of
+    its own that the products read through their view, so no step rounds it in a copy;
+    the values are those of the copies, to the bit."""
+    torch.manual_seed(0)
+    model, x = _PostNorm().eval(), torch.randn(2, 24, 64)
+    with torch.no_grad():
+        compiled = opweave.compile(model, (x,), options=_options("bf16"))
+        got = compiled(x)
+        monkeypatch.setattr(precision, "bf16_twins", lambda steps, outputs: {})
+        copying = opweave.compile(model, (x,), options=_options("bf16"))
+        assert torch.equal(got, copying(x))
+        reference = model.double()(x.double())
+    assert _rel_l2(got, reference) < BF16_REL_L2
+    steps = compiled.program.compiled_graphs[0].executor.lowered_steps
+    twinned = [s for s in steps if s.kind == "cpp" and s.fn.source.twins]
+    assert len(twinned) == 1  # the first norm (the second's result is the output)
+    kernel = twinned[0]
+    (at,) = kernel.fn.source.twins
+    source, twin = kernel.outputs[at], kernel.outputs[-1]
+    assert twin.type.dtype == torch.bfloat16 and source.type.dtype == torch.float32
+    through = {twin} | {v for s in steps if twin in s.inputs for v in s.outputs}  # its view
+    assert any(s.precision == "bf16" and through & set(s.inputs) for s in steps)
+    # the float32 result goes on only to float32 steps (the next residual add)
+    readers = [s for s in steps if source in s.inputs]
+    assert readers and all(s.precision != "bf16" for s in readers)
 
 
 @needs_bf16

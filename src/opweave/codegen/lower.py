@@ -22,7 +22,7 @@ from ..ir import Graph
 from ..ir.graph import Node, Value
 from ..partition import Partition, Role, partition
 from ..partition.legality import anchor_epilogue
-from ..partition.classify import constant_of
+from ..partition.classify import constant_of, is_column_sum
 from . import anchor_group, attention, build, choice, gemm, kernel_schedule, library
 from . import int8
 from . import precision as prec
@@ -270,13 +270,13 @@ def _lower_cpp(graph, mode, measure, ilp_seconds, precision, apart, kernels) -> 
             continue
         escapes = (lambda v, g=group: ctx.escapes(v, g))
         _add_kernel(graph, lowered, pending, nodes, render(graph, nodes, escapes),
-                    lambda schedule, nodes=nodes, escapes=escapes, low=None:
-                    render(graph, nodes, escapes, schedule, low))
+                    lambda schedule, nodes=nodes, escapes=escapes, low=None, twins=():
+                    render(graph, nodes, escapes, schedule, low, twins))
     _build(pending, lowered, kernels)
     _drop_unread(lowered, graph)
     if precision == "bf16":
         prec.hand_off_in_bf16(lowered.steps, graph.outputs)
-        _build_bf16_forms(lowered)
+        _build_bf16_forms(lowered, graph)
     elif precision == "int8":  # (dynamic quantization measures each call's range itself)
         int8.link_requantization(graph, lowered.steps)
     return lowered
@@ -486,44 +486,55 @@ def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
         bf16 = [functions.get(n) for n in src.bf16_names or ()]
         step.fn = CppKernel(functions[src.name], src, fallback,
                             functions.get(src.channels_last_name), *bf16)
-        step.fn.rerender = rerender
+        # (a column sum stores its result in a float32 pass of its own: no bf16 form)
+        step.fn.rerender = None if any(is_column_sum(n) for n in step.nodes) else rerender
 
 
-def _build_bf16_forms(lowered: Lowered) -> None:
+def _build_bf16_forms(lowered: Lowered, graph: Graph) -> None:
     """Give each generated kernel that reads a bf16 step's result, or whose results only
     bf16 steps read (`precision.hand_off_in_bf16` decided both), its form on those
     operands and results in bfloat16 (`bf16_forms`): no widened copy before it, no
-    rounded copy after. Where the forms cannot be built, the kernels convert around
+    rounded copy after. A result that float32 steps read and bf16 products read too (a
+    post-norm transformer's norm: the residual stream and the next products' operand)
+    is also written rounded into a value of its own, which those products then read
+    (`prec.bf16_twins`). Where the forms cannot be built, the kernels convert around
     their float32 forms, as they do for any operand of another type than they take."""
+    twins = prec.bf16_twins(lowered.steps, graph.outputs)
     wanted = []
     for step, low_in in prec.bf16_kernel_operands(lowered.steps):
         low = (frozenset(low_in), step.fn.keep_low)
-        if low != (frozenset(), frozenset()):
-            wanted.append((step, low))
+        made = tuple((position, twin.value) for position, twin in twins.get(id(step), ()))
+        if low != (frozenset(), frozenset()) or made:
+            wanted.append((step, low, made))
     if not wanted:
         return
     try:
-        forms = bf16_forms([(step.fn, low) for step, low in wanted])
+        forms = bf16_forms([(step.fn, low, made) for step, low, made in wanted])
     except build.BuildError as err:
         warnings.warn(f"opweave: the bf16 forms of {len(wanted)} generated kernels could not "
                       f"be built, so they convert their operands around their float32 "
                       f"forms: {err}", FusionWarning, stacklevel=3)
         return
-    for (step, _), form in zip(wanted, forms):
+    for (step, _, made), form in zip(wanted, forms):
         step.fn, step.name = form, form.source.name
+        step.outputs = list(step.outputs) + [value for _, value in made]
         lowered.sources.append(form.source)
+    for made in twins.values():
+        for _, twin in made:
+            twin.rewire(lowered.steps)
 
 
-def bf16_forms(wanted: list[tuple[CppKernel, tuple[frozenset[int], frozenset[int]]]]
-               ) -> list[CppKernel]:
-    """Each fused kernel's form reading the inputs and writing the outputs at the given
-    positions in bfloat16 (`render(..., low=)`), under the schedule chosen for it, with
-    the kernel as its `general` form; built together. Raises build.BuildError."""
-    sources = [kernel.rerender(kernel.source.schedule, low=low) for kernel, low in wanted]
+def bf16_forms(wanted) -> list[CppKernel]:
+    """Each fused kernel's form (`wanted`: (kernel, (input positions, output positions),
+    twins)) reading those inputs and writing those outputs in bfloat16 and its twins
+    after them (`render(..., low=, twins=)`), under the schedule chosen for it, with the
+    kernel as its `general` form; built together. Raises build.BuildError."""
+    sources = [kernel.rerender(kernel.source.schedule, low=low, twins=made)
+               for kernel, low, made in wanted]
     functions = kernel_schedule.build_functions(sources, KERNELS_PER_UNIT)
     return [CppKernel(functions[src.name], src, kernel.fallback,
                       functions.get(src.channels_last_name), general=kernel)
-            for (kernel, _), src in zip(wanted, sources)]
+            for (kernel, _, _), src in zip(wanted, sources)]
 
 
 class CppKernel:
@@ -601,6 +612,7 @@ class CppKernel:
         outs = general._run(wide, False)
         if outs is None:
             outs = general.fallback(*wide)
+        outs = list(outs) + [outs[i] for i in self.source.twins]  # rounded just below
         return [y.to(torch.bfloat16) if i in self.keep_low else y for i, y in enumerate(outs)]
 
     def _run(self, inputs, low: bool):

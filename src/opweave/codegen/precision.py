@@ -34,11 +34,16 @@ said once too. `units()` says which bf16 units this CPU has.
 """
 from __future__ import annotations
 
+import copy
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
 import torch
+
+from ..ir.graph import Value
+from ..ir.types import TensorType
 
 from .render import FUSIBLE
 
@@ -350,6 +355,73 @@ def bf16_kernel_operands(steps) -> list[tuple[object, list[int]]]:
             else low_precision_call(step)
         if call is not None:
             low.update(step.outputs[i] for i in call.keep_low)
+    return found
+
+
+def _rounds(step, v) -> bool:
+    """Whether `step` computes in bf16 on `v` (rounds it at every place it reads it)."""
+    call = low_precision_call(step)
+    if step.precision != "bf16" or call is None:
+        return False
+    count = len(step.inputs) if call.narrowed is None else call.narrowed
+    return all(i < count for i, u in enumerate(step.inputs) if u is v)
+
+
+@dataclass
+class Twin:
+    """A fused kernel's float32 result (`source`) also written rounded to bf16 into
+    `value`, for the bf16 steps that read it (`readers`) and through views whose results
+    only bf16 steps read (`views`, each with its readers): they round it themselves
+    otherwise, in a copy a call (BERT-base's 24 norms: about 2% of its time)."""
+    source: Value
+    value: Value
+    readers: list = field(default_factory=list)
+    views: list = field(default_factory=list)  # (view step, the steps reading its result)
+
+    def rewire(self, steps: list) -> None:
+        """Point the readers at `value`, and replace each view by the same view of it."""
+        for r in self.readers:
+            r.inputs = [self.value if u is self.source else u for u in r.inputs]
+        for view, readers in self.views:
+            out = view.outputs[0]
+            low = Value(f"{out.name}_bf16", TensorType(out.type.shape, LOW), out.producer)
+            twin = copy.copy(view)
+            twin.inputs = [self.value if u is self.source else u for u in view.inputs]
+            twin.outputs = [low]
+            steps[steps.index(view)] = twin
+            for r in readers:
+                r.inputs = [low if u is out else u for u in r.inputs]
+
+
+def bf16_twins(steps, graph_outputs) -> dict[int, list[tuple[int, Twin]]]:
+    """{id(fused kernel step): [(output position, Twin)]}: the float32 results of fused
+    kernels (`has_bf16_forms`) that bf16 steps read too, directly or through views only
+    bf16 steps read, besides float32 readers (else `hand_off_in_bf16` hands them on in
+    bf16 already). Nothing is changed until `Twin.rewire`."""
+    readers: dict = {}
+    for step in steps:
+        for v in dict.fromkeys(step.inputs):
+            readers.setdefault(v, []).append(step)
+    outputs = set(graph_outputs)
+    found: dict = {}
+    for step in steps:
+        if not has_bf16_forms(step):
+            continue
+        for position, v in enumerate(step.outputs):
+            if position in step.fn.keep_low or v in outputs or v.type.dtype != torch.float32 \
+                    or not v.type.is_static:
+                continue
+            direct = [r for r in readers.get(v, ()) if _rounds(r, v)]
+            views = []
+            for w in readers.get(v, ()):
+                if w.kind == "op" and len(w.nodes) == 1 and w.nodes[0].opdef.is_view \
+                        and len(w.outputs) == 1 and w.outputs[0] not in outputs:
+                    onward = readers.get(w.outputs[0], [])
+                    if onward and all(_rounds(r, w.outputs[0]) for r in onward):
+                        views.append((w, onward))
+            if direct or views:
+                value = Value(f"{v.name}_bf16", TensorType(v.type.shape, LOW), v.producer)
+                found.setdefault(id(step), []).append((position, Twin(v, value, direct, views)))
     return found
 
 

@@ -61,6 +61,9 @@ class KernelSource:
     # none in the form `render` makes first, these in a form made for them (`low=`)
     low_inputs: frozenset[int] = frozenset()
     low_outputs: frozenset[int] = frozenset()
+    # the outputs after the group's own that repeat one of them in bfloat16 (`render`'s
+    # `twins`): the positions of the outputs they repeat
+    twins: tuple[int, ...] = ()
     # the schedule it was rendered under (None: the default), for its bf16 forms
     schedule: object = None
 
@@ -81,6 +84,15 @@ class GroupEmitter:
     low_inputs: frozenset = frozenset()
     low_outputs: frozenset = frozenset()
 
+    def add_twins(self, twins) -> None:
+        """Also write the outputs at the given positions rounded to bfloat16, each into the
+        value paired with it (appended to the outputs): `render`'s `twins`."""
+        self.twins: dict[Value, list[Value]] = {}
+        for position, value in twins:
+            self.twins.setdefault(self.outputs[position], []).append(value)
+        self.outputs = self.outputs + [value for _, value in twins]
+        self.low_outputs = self.low_outputs | {value for _, value in twins}
+
     def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
         self.members = members
@@ -93,6 +105,7 @@ class GroupEmitter:
         self.inputs: list[Value] = []
         self.literals: dict[Value, str] = {}
         self.outputs = [v for n in members for v in n.outputs[:1] if escapes(v)]
+        self.twins = {}
         for n in members:
             for v in n.inputs:
                 if v.producer in self.inside or v in self.inputs or v in self.literals:
@@ -263,7 +276,8 @@ def _ctype(v: Value) -> str:
 
 
 def render(graph: Graph, members: list[Node], escapes, schedule=None,
-           low: tuple[frozenset[int], frozenset[int]] | None = None) -> KernelSource:
+           low: tuple[frozenset[int], frozenset[int]] | None = None,
+           twins: tuple[tuple[int, Value], ...] = ()) -> KernelSource:
     """C++ for `members` (in graph order); `escapes(value)` says which values it writes.
     `schedule` (codegen/kernel_schedule.KernelSchedule; None: the default) sets its
     threads, vector width and unrolling; the default's source and name never change.
@@ -272,7 +286,9 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None,
     registers (exactly what widening it first gives), and a result only bf16 steps read
     goes out rounded as they would round it, so the form computes the same values and
     moves fewer bytes, with no conversions around it (codegen/precision.hand_off_in_bf16
-    says which)."""
+    says which). `twins`: (output position, value) pairs: each output is also written
+    rounded to bfloat16 into its value, after the group's outputs (a result that float32
+    steps read and bf16 products read too, each in its type)."""
     em = GroupEmitter(graph, members, escapes)
     low_in, low_out = low or (frozenset(), frozenset())
     reduce = next((n for n in members if n.op in ROW_REDUCE_OPS | ROW_SUM_OPS), None)
@@ -283,7 +299,9 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None,
     for walked in (False, True) if dense is not None else (False,):
         emitter = GroupEmitter(graph, members, escapes, channels_last=walked) if walked else em
         emitter.low_inputs = frozenset(em.inputs[i] for i in low_in)
-        emitter.low_outputs = frozenset(em.outputs[i] for i in low_out)
+        emitter.low_outputs = frozenset(emitter.outputs[i] for i in low_out)
+        if twins:
+            emitter.add_twins(twins)
         functions.append(_function(emitter, members, reduce if not walked else None, threads))
     digest = hashlib.sha256("\n".join(functions[0]).encode() + attributes.encode()).hexdigest()[:16]
     name = f"ow_k_{digest}"
@@ -294,8 +312,10 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None,
     if dense is not None:
         extra = dict(channels_last_name=f"{name}_cl", channels_last_out=True, dense_inputs=dense)
     return KernelSource(name, src, em.inputs, em.outputs, em.elementwise, _node_lines(em, src),
-                        low_inputs=frozenset(low_in), low_outputs=frozenset(low_out),
-                        schedule=schedule, **extra)
+                        low_inputs=frozenset(low_in),
+                        low_outputs=frozenset(low_out) | frozenset(
+                            range(len(em.outputs) - len(twins), len(em.outputs))),
+                        twins=tuple(p for p, _ in twins), schedule=schedule, **extra)
 
 
 def channels_last_dense_inputs(em: GroupEmitter, reduce) -> tuple[int, ...] | None:
@@ -380,10 +400,11 @@ def _node_lines(em, src: str) -> dict:
 
 
 def _stores(em, nodes, at: str) -> list[str]:
-    def spelled(v):
-        return f"ow_bf16_round({em.names[v]})" if v in em.low_outputs else em.names[v]
-    return [f"a{em.outputs.index(n.outputs[0])}[{at}] = {spelled(n.outputs[0])};"
-            for n in nodes if n.outputs[0] in em.outputs]
+    def spelled(v, written):
+        return f"ow_bf16_round({em.names[v]})" if written in em.low_outputs else em.names[v]
+    return [f"a{em.outputs.index(w)}[{at}] = {spelled(n.outputs[0], w)};"
+            for n in nodes for w in (n.outputs[0], *em.twins.get(n.outputs[0], ()))
+            if w in em.outputs]
 
 
 def _loop(em, nodes, at) -> list[str]:

@@ -53,6 +53,9 @@ class Executor:
         for node in graph.nodes:
             for v in node.outputs:
                 slot[v] = len(slot)
+        for step in steps or ():  # values the lowering added (a kernel's result in bf16 too)
+            for v in step.outputs:
+                slot.setdefault(v, len(slot))
         self._num_slots = len(slot)
         self._input_slots = [slot[v] for v in graph.inputs]
         self._input_types = [v.type for v in graph.inputs]
