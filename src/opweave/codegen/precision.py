@@ -388,7 +388,7 @@ class Twin:
             twin = copy.copy(view)
             twin.inputs = [self.value if u is self.source else u for u in view.inputs]
             twin.outputs = [low]
-            steps[steps.index(view)] = twin
+            steps[next(i for i, s in enumerate(steps) if s is view)] = twin
             for r in readers:
                 r.inputs = [low if u is out else u for u in r.inputs]
 
