@@ -341,14 +341,18 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
 def bf16_kernel_operands(steps) -> list[tuple[object, list[int]]]:
     """(step, positions of its operands that come in bf16) for each fused generated kernel
     (`has_bf16_forms`), once `hand_off_in_bf16` has decided: an operand is a result
-    handed on in bf16 (`keep_low`), directly or through views of it."""
+    handed on in bf16 (`keep_low`), directly or through steps that pass bf16 on
+    (`passes_bf16`: a view or a max pooling keeps its operand's type, a cat the type
+    all its operands share)."""
     low: set = set()
     found = []
     for step in steps:
         if has_bf16_forms(step):
             found.append((step, [i for i, v in enumerate(step.inputs) if v in low]))
-        if step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view:
-            if step.inputs and step.inputs[0] in low:
+        if passes_bf16(step):
+            joined = step.kind == "op" and step.nodes[0].op in PASSING_OPS
+            if step.inputs and (all(v in low for v in step.inputs) if joined
+                                else step.inputs[0] in low):
                 low.update(step.outputs)
             continue
         call = step.fn if isinstance(step.fn, MixedCall) or has_bf16_forms(step) \
