@@ -484,10 +484,11 @@ def _build(pending, lowered: Lowered, kernels: str = "recorded") -> None:
         fallback = step.fn if src.contiguous_only else None  # the reference: torch ops
         step.name = src.name
         bf16 = [functions.get(n) for n in src.bf16_names or ()]
-        step.fn = CppKernel(functions[src.name], src, fallback,
-                            functions.get(src.channels_last_name), *bf16)
         # (a column sum stores its result in a float32 pass of its own: no bf16 form)
-        step.fn.rerender = None if any(is_column_sum(n) for n in step.nodes) else rerender
+        bf16_forms_from = None if any(is_column_sum(n) for n in step.nodes) else rerender
+        step.fn = CppKernel(functions[src.name], src, fallback,
+                            functions.get(src.channels_last_name), *bf16,
+                            rerender=bf16_forms_from)
 
 
 def _build_bf16_forms(lowered: Lowered, graph: Graph) -> None:
@@ -556,7 +557,7 @@ class CppKernel:
 
     def __init__(self, fn, src: KernelSource, fallback: Callable | None = None,
                  channels_last_fn=None, bf16_fn=None, bf16_channels_last_fn=None,
-                 general: CppKernel | None = None):
+                 general: CppKernel | None = None, rerender: Callable | None = None):
         self.fallback = fallback  # for inputs that are not contiguous, if given
         self.source = src  # what the profiler shows of it
         self.in_types = [torch.bfloat16 if i in src.low_inputs else v.type.dtype
@@ -578,8 +579,8 @@ class CppKernel:
         # the results handed on in bf16 (codegen/precision.hand_off_in_bf16)
         self.keep_low: frozenset[int] = src.low_outputs
         # the same kernel rendered anew under a schedule, and bf16 operands (`render`'s
-        # `low`): set for fused kernels, None for templates
-        self.rerender: Callable | None = general.rerender if general is not None else None
+        # `low`): set for fused kernels, None for templates; a bf16 form's is its general's
+        self.rerender = general.rerender if general is not None else rerender
 
     @property
     def passes_bf16(self) -> bool:

@@ -136,6 +136,11 @@ def passes_bf16(step) -> bool:
     return getattr(step.fn, "passes_bf16", False)
 
 
+def _is_view(step) -> bool:
+    """Whether `step` is one view op."""
+    return step.kind == "op" and len(step.nodes) == 1 and step.nodes[0].opdef.is_view
+
+
 def has_bf16_forms(step) -> bool:
     """Whether `step` is a fused generated kernel, which reads any operand in bf16 as it
     comes (widened in registers, exactly) and writes any result in bf16 (rounded) in a
@@ -253,8 +258,9 @@ def conversion_bytes(ctx, members) -> int:
     for a group with a product, convolution or attention (measured in bf16 with its
     conversions), and for one op that takes bf16 as it comes (a view, cat, a pooling with
     bf16 kernels, a layer norm: `MixedCall`). A fused kernel (a group of several ops)
-    reads bf16 as it comes and writes bf16 for readers that all round (its bf16 form),
-    so only a result that bf16 and float32 steps both read is rounded for it. The
+    reads bf16 as it comes and writes bf16 for readers that all round (its bf16 form);
+    a result that bf16 and float32 steps both read it writes once more, rounded (2 bytes
+    an element: `bf16_twins`). The
     partitioner adds their time (`partition(..., conversion_seconds=...)`): it would
     otherwise see a float32 kernel between bf16 steps as free of them, and noise chose
     between BERT-base's FFN output with its residual add in the product's epilogue and
@@ -272,7 +278,7 @@ def conversion_bytes(ctx, members) -> int:
                   and v not in ctx.graph_outputs and read_in_bf16(v, ctx.users)
                   and (len(members) == 1 or not _only_read_in_bf16(v, ctx.users)))
     if len(members) > 1:
-        return rounded * 3 // 2
+        return rounded // 2
     widened = sum(v.type.nbytes for v in inputs if v.type.dtype == torch.float32
                   and may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False))
     return (widened + rounded) * 3 // 2
@@ -293,6 +299,23 @@ def fused_bytes(ctx, v, members) -> int:
     return size // 2 if may_arrive_in_bf16(v, ctx.graph_outputs, from_norms=False) else size
 
 
+def _readers(steps) -> dict:
+    """value -> the steps that read it (each once)."""
+    readers: dict = {}
+    for step in steps:
+        for v in dict.fromkeys(step.inputs):
+            readers.setdefault(v, []).append(step)
+    return readers
+
+
+def _handing_call(step):
+    """What holds the `keep_low` of `step`'s results: its `MixedCall`, fused kernel or
+    bf16 call; None for a step that hands nothing on in bf16 of its own."""
+    if isinstance(step.fn, MixedCall) or has_bf16_forms(step):
+        return step.fn
+    return low_precision_call(step)
+
+
 def hand_off_in_bf16(steps, graph_outputs) -> int:
     """Leave a step's output in bf16 where its readers would round it to bf16 anyway: every
     step that reads it, directly or through steps that pass bf16 on exactly
@@ -303,10 +326,7 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
     (float32 arithmetic) are rounded only for readers that round them: for another norm
     or kernel it would be a rounding that was not there. Graph outputs stay float32.
     Returns the number of outputs handed off."""
-    readers: dict = {}
-    for step in steps:
-        for v in dict.fromkeys(step.inputs):
-            readers.setdefault(v, []).append(step)
+    readers = _readers(steps)
     outputs = set(graph_outputs)
 
     def rounded_by_readers(v, widening_too: bool) -> bool:
@@ -328,10 +348,11 @@ def hand_off_in_bf16(steps, graph_outputs) -> int:
 
     handed = 0
     for step in steps:
-        computed = isinstance(step.fn, MixedCall) or has_bf16_forms(step)
-        call = step.fn if computed else low_precision_call(step)
+        call = _handing_call(step)
         if call is None:
             continue
+        # float32 arithmetic (a norm's, a kernel's): rounded only for readers that round
+        computed = isinstance(call, MixedCall) or has_bf16_forms(step)
         call.keep_low = frozenset(i for i, v in enumerate(step.outputs)
                                   if rounded_by_readers(v, widening_too=not computed))
         handed += len(call.keep_low)
@@ -355,8 +376,7 @@ def bf16_kernel_operands(steps) -> list[tuple[object, list[int]]]:
                                 else step.inputs[0] in low):
                 low.update(step.outputs)
             continue
-        call = step.fn if isinstance(step.fn, MixedCall) or has_bf16_forms(step) \
-            else low_precision_call(step)
+        call = _handing_call(step)
         if call is not None:
             low.update(step.outputs[i] for i in call.keep_low)
     return found
@@ -388,7 +408,7 @@ class Twin:
             r.inputs = [self.value if u is self.source else u for u in r.inputs]
         for view, readers in self.views:
             out = view.outputs[0]
-            low = Value(f"{out.name}_bf16", TensorType(out.type.shape, LOW), out.producer)
+            low = _bf16_value(out)
             twin = copy.copy(view)
             twin.inputs = [self.value if u is self.source else u for u in view.inputs]
             twin.outputs = [low]
@@ -402,10 +422,7 @@ def bf16_twins(steps, graph_outputs) -> dict[int, list[tuple[int, Twin]]]:
     kernels (`has_bf16_forms`) that bf16 steps read too, directly or through views only
     bf16 steps read, besides float32 readers (else `hand_off_in_bf16` hands them on in
     bf16 already). Nothing is changed until `Twin.rewire`."""
-    readers: dict = {}
-    for step in steps:
-        for v in dict.fromkeys(step.inputs):
-            readers.setdefault(v, []).append(step)
+    readers = _readers(steps)
     outputs = set(graph_outputs)
     found: dict = {}
     for step in steps:
@@ -418,15 +435,20 @@ def bf16_twins(steps, graph_outputs) -> dict[int, list[tuple[int, Twin]]]:
             direct = [r for r in readers.get(v, ()) if _rounds(r, v)]
             views = []
             for w in readers.get(v, ()):
-                if w.kind == "op" and len(w.nodes) == 1 and w.nodes[0].opdef.is_view \
-                        and len(w.outputs) == 1 and w.outputs[0] not in outputs:
+                if _is_view(w) and len(w.outputs) == 1 and w.outputs[0] not in outputs:
                     onward = readers.get(w.outputs[0], [])
                     if onward and all(_rounds(r, w.outputs[0]) for r in onward):
                         views.append((w, onward))
             if direct or views:
-                value = Value(f"{v.name}_bf16", TensorType(v.type.shape, LOW), v.producer)
-                found.setdefault(id(step), []).append((position, Twin(v, value, direct, views)))
+                twin = Twin(v, _bf16_value(v), direct, views)
+                found.setdefault(id(step), []).append((position, twin))
     return found
+
+
+def _bf16_value(v: Value) -> Value:
+    """A value beside `v` holding it rounded to bf16 (not in the graph: the executor gives
+    it a slot of its own)."""
+    return Value(f"{v.name}_bf16", TensorType(v.type.shape, LOW), v.producer)
 
 
 def applies(precision: str, op: str) -> bool:

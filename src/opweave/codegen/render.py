@@ -84,15 +84,6 @@ class GroupEmitter:
     low_inputs: frozenset = frozenset()
     low_outputs: frozenset = frozenset()
 
-    def add_twins(self, twins) -> None:
-        """Also write the outputs at the given positions rounded to bfloat16, each into the
-        value paired with it (appended to the outputs): `render`'s `twins`."""
-        self.twins: dict[Value, list[Value]] = {}
-        for position, value in twins:
-            self.twins.setdefault(self.outputs[position], []).append(value)
-        self.outputs = self.outputs + [value for _, value in twins]
-        self.low_outputs = self.low_outputs | {value for _, value in twins}
-
     def __init__(self, graph: Graph, members: list[Node], escapes, channels_last=False):
         self.graph = graph
         self.members = members
@@ -105,7 +96,7 @@ class GroupEmitter:
         self.inputs: list[Value] = []
         self.literals: dict[Value, str] = {}
         self.outputs = [v for n in members for v in n.outputs[:1] if escapes(v)]
-        self.twins = {}
+        self.twins: dict[Value, list[Value]] = {}  # an output -> its values in bf16 too
         for n in members:
             for v in n.inputs:
                 if v.producer in self.inside or v in self.inputs or v in self.literals:
@@ -123,6 +114,16 @@ class GroupEmitter:
             # Nothing is broadcast: one flat loop, split across threads and vectorized
             # as a whole (NCHW rows of 7 or 56 elements vectorize poorly).
             self.rows, self.cols = 1, math.prod(self.shape)
+
+    def in_bf16(self, low_in, low_out, twins) -> None:
+        """Read the inputs and write the outputs at positions `low_in` and `low_out` in
+        bfloat16, and also write each output at a position in `twins` rounded into the
+        value paired with it (appended to the outputs): `render`'s `low` and `twins`."""
+        self.low_inputs = frozenset(self.inputs[i] for i in low_in)
+        self.low_outputs = frozenset(self.outputs[i] for i in low_out) | {v for _, v in twins}
+        for position, value in twins:
+            self.twins.setdefault(self.outputs[position], []).append(value)
+        self.outputs = self.outputs + [value for _, value in twins]
 
     def shape_of(self, v: Value | tuple) -> tuple:
         """A value's shape (or a shape) in the order the kernel walks it: as declared, or
@@ -298,10 +299,7 @@ def render(graph: Graph, members: list[Node], escapes, schedule=None,
     functions = []
     for walked in (False, True) if dense is not None else (False,):
         emitter = GroupEmitter(graph, members, escapes, channels_last=walked) if walked else em
-        emitter.low_inputs = frozenset(em.inputs[i] for i in low_in)
-        emitter.low_outputs = frozenset(emitter.outputs[i] for i in low_out)
-        if twins:
-            emitter.add_twins(twins)
+        emitter.in_bf16(low_in, low_out, twins)
         functions.append(_function(emitter, members, reduce if not walked else None, threads))
     digest = hashlib.sha256("\n".join(functions[0]).encode() + attributes.encode()).hexdigest()[:16]
     name = f"ow_k_{digest}"
