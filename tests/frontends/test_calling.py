@@ -164,3 +164,80 @@ def test_an_unhashable_value_runs_in_eager():
     with pytest.warns(OpweaveFallbackWarning, match="not hashable"):
         compiled = opweave.compile(TakesList(), (x, Opts()))
     torch.testing.assert_close(compiled(x, Opts()), x * 3.0)
+
+
+class TwoInputs(torch.nn.Module):
+    """Reads `b` first, returns one result twice: the plan's inputs and outputs in
+    another order than the call's."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, a, b):
+        h = torch.relu(self.lin(b * 2.0)) - a
+        return h, h.sum(dim=1), h
+
+
+def _steady(compiled, *args, calls: int = 4):
+    """Calls enough for the native plan to be recorded, checked and replayed."""
+    with torch.no_grad():
+        for _ in range(calls):
+            compiled(*args)
+
+
+def test_a_repeated_call_goes_straight_to_the_native_plan(monkeypatch):
+    torch.manual_seed(0)
+    model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
+    compiled = _quiet_compile(model, (a, b))
+    _steady(compiled, a, b)
+    assert compiled.program._direct is not None
+    assert compiled.program.compiled_graphs[0].executor.native.plan is not None
+
+    def refuse(*_):
+        raise AssertionError("a repeated call was bound again")
+    monkeypatch.setattr(compiled._binder, "canonical", refuse)
+    a2, b2 = torch.randn(4, 8), torch.randn(4, 8)
+    with torch.no_grad():
+        got, want = compiled(a2, b2), model(a2, b2)
+    assert isinstance(got, tuple) and len(got) == 3 and got[0] is got[2]
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_a_repeated_call_of_another_kind_takes_the_checked_path():
+    torch.manual_seed(0)
+    model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
+    compiled = _quiet_compile(model, (a, b))
+    _steady(compiled, a, b)
+    with pytest.raises(ValueError, match=r"tensor argument 1 of shape \[4, 8\], float32 on "
+                                         r"cpu, got shape \[4, 9\]"):
+        compiled(a, torch.randn(4, 9))
+    with torch.no_grad():
+        for got, want in zip(compiled(a, b=b), model(a, b)):  # a keyword: bound again
+            torch.testing.assert_close(got, want)
+        strided = torch.randn(8, 4).T  # the plan recorded contiguous inputs: the steps run it
+        for got, want in zip(compiled(a, strided), model(a, strided)):
+            torch.testing.assert_close(got, want)
+        for got, want in zip(compiled(a, b), model(a, b)):  # and straight again
+            torch.testing.assert_close(got, want)
+
+
+def test_profiling_times_the_steps_of_a_program_that_replays():
+    torch.manual_seed(0)
+    model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
+    compiled = _quiet_compile(model, (a, b))
+    _steady(compiled, a, b)
+    timed = []
+
+    def wrap(i, call):
+        def timed_call(env):
+            timed.append(i)
+            call(env)
+        return timed_call
+    with compiled.program.instrumented(wrap), torch.no_grad():
+        compiled(a, b)
+    assert timed == [0]
+    with torch.no_grad():
+        compiled(a, b)
+    assert timed == [0]  # and no longer afterwards

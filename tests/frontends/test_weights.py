@@ -80,6 +80,22 @@ def test_an_update_after_compiling_is_seen_by_every_step(update, kernel):
             torch.testing.assert_close(compiled(x), model(x))  # warned once per compiled model
 
 
+@pytest.mark.parametrize("update", UPDATES, ids=lambda f: f.__name__.strip("_"))
+def test_an_update_between_replayed_calls_is_seen(update):
+    """Calls that go straight to the native plan (`CompiledModel._replay`) check the
+    weights too."""
+    model, x = _model(), torch.randn(4, 16)
+    compiled = opweave.compile(model, (x,))
+    with torch.no_grad():
+        for _ in range(4):
+            compiled(x)
+    assert compiled._repeat is not None
+    assert compiled.program.compiled_graphs[0].executor.native.plan is not None
+    update(model)
+    with torch.no_grad(), pytest.warns(WeightsChangedWarning, match="weights of Sequential changed"):
+        torch.testing.assert_close(compiled(x), model(x))
+
+
 def test_whole_tensor_writes_through_data_are_seen():
     """`p.data` has a version counter of its own; the one-element fingerprint still sees a
     write that changes the whole tensor."""

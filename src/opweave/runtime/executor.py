@@ -140,19 +140,10 @@ class Executor:
                                  f"{list(t.shape)} and dtype {t.dtype}, expected {want}")
 
     def __call__(self, *inputs: torch.Tensor) -> list[torch.Tensor]:
-        native, plan = self.native, self.native.plan
-        if plan is not None:
-            staging = self.staging
-            if staging is not None:
-                if staging.stale():  # torch.set_num_threads since: decide again
-                    staging.reset(plan)
-                if not staging.decided:
-                    staging.decide(self, inputs)
-            if openmp_waits.watching and threading.get_ident() != openmp_waits.MAIN_THREAD:
-                openmp_waits.second_thread_called()  # a plan is CPU-only (native="off" on GPUs)
-            outputs = plan.run(inputs)
-            if outputs is not None:
-                return outputs
+        outputs = self.replay(inputs)
+        if outputs is not None:
+            return outputs
+        native = self.native
         if self.device.type != "cpu":  # a 0-d CPU tensor (a scalar) goes where the rest are
             inputs = [t.to(self.device) if isinstance(t, torch.Tensor) and t.dim() == 0
                       and t.device != self.device else t for t in inputs]
@@ -164,6 +155,24 @@ class Executor:
         if native.pending:
             return native.call(self._run, inputs)
         return self._run(inputs)
+
+    def replay(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor] | None:
+        """The native plan's outputs for `inputs`, or None where there is no plan yet or
+        the inputs are not the kind it recorded (other shapes, strides, grad: then the
+        Python steps run them, in `__call__`, which checks them). A caller that has nothing
+        else to do calls this directly (frontends/program.py)."""
+        plan = self.native.plan
+        if plan is None:
+            return None
+        staging = self.staging
+        if staging is not None:
+            if staging.stale():  # torch.set_num_threads since: decide again
+                staging.reset(plan)
+            if not staging.decided:
+                staging.decide(self, inputs)
+        if openmp_waits.watching and threading.get_ident() != openmp_waits.MAIN_THREAD:
+            openmp_waits.second_thread_called()  # a plan is CPU-only (native="off" on GPUs)
+        return plan.run(inputs)
 
     @contextmanager
     def instrumented(self, wrap: Callable[[int, Callable], Callable]):
