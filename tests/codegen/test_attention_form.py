@@ -535,3 +535,28 @@ def test_a_bf16_model_computes_its_attention_in_the_chosen_form(form, monkeypatc
     # the per-head form's raw call is in the plan: Python no longer calls it
     assert len(python_calls) == replayed_from
     assert (replayed_from > 0) == (form == attention.LOW_PER_HEAD)
+
+
+def test_the_fused_kernels_inference_form_runs_the_kernel_alone():
+    """Inference reads only the attention: the logsumexp the kernel also returns is not
+    copied (a training step's `_attention_lse` lays it out [batch, heads, seq])."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from opweave.ir.ops.linalg import _attention_lse
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    q, k, v = (_heads(1, 16, 2, 8).contiguous() for _ in range(3))
+    with Ops() as ops:
+        out = _attention(q, k, v, scale=0.35, causal=False)
+    assert ops.seen == ["_scaled_dot_product_flash_attention_for_cpu"]
+    want, lse = _attention_lse(q, k, v, scale=0.35, causal=False)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert lse.shape == (1, 2, 16) and lse.is_contiguous()
