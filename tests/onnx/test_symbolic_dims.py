@@ -134,3 +134,25 @@ def test_integer_division_of_sizes_truncates_as_onnx_does():
     assert fold_symbolic("div", [np.array([s0], dtype=object), np.array([-2], dtype=object)],
                          {"rounding": "trunc"}) is None
     assert fold_symbolic("cast", [sizes], {"dtype": torch.float32}) is None
+
+
+def test_a_declared_size_of_zero_is_a_size_not_a_symbol():
+    """A graph over an empty input reshaped to a size of 0 (`allowzero`) lowers for the
+    shape it declares, with no word about symbols; the declared 0 still binds another
+    size, for exporters that wrote 0 for an unknown dim."""
+    from opweave.ir import parse_graph
+
+    graph = parse_graph("""graph @empty(%x: f32[5,4,0], %y: f32[2,0]) {
+      %r: f32[5,0] = reshape(%x) {shape=[5, 0]}
+      %s: f32[2,0] = neg(%y)
+      return %r, %s
+    }""", {})
+    model = opweave.from_onnx(opweave.to_onnx(graph))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", OpweaveFallbackWarning)
+        r, s = model(np.zeros((5, 4, 0), np.float32), np.zeros((2, 0), np.float32))
+    assert r.shape == (5, 0) and s.shape == (2, 0)
+    assert model._family() is None and model.lowerings == 1
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    _, s = model(np.zeros((5, 4, 0), np.float32), y)
+    np.testing.assert_array_equal(s, -y)

@@ -264,6 +264,13 @@ def symbolic_input_types(inputs: list[DeclaredInput]) -> dict[str, TensorType] |
     not declared)."""
     if any(d.dims is None for d in inputs):
         return None
+    if all(isinstance(d, int) and d >= 0 for declared in inputs for d in declared.dims):
+        # every dim a number, 0 included (ONNX's size 0): lowered per shape, as a model of
+        # positive sizes is. A declared 0 still binds any size (`bind`), for exporters
+        # that wrote 0 for an unknown dim; made a symbol, it stopped graphs that reshape
+        # to a size of 0 from lowering symbolically, with a warning (found by `opweave
+        # fuzz`)
+        return None
     names: dict[str, str] = {}
 
     def name_for(param: str) -> str:
