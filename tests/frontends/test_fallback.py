@@ -92,6 +92,28 @@ def test_torch_compile_backend_falls_back_too():
     torch.testing.assert_close(grad, x.grad)
 
 
+def test_a_graph_torch_compile_hands_over_that_cannot_be_compiled_runs_in_eager(monkeypatch):
+    """A failure while compiling a graph Dynamo handed over (torch 2.13's meta function of
+    upsample_nearest2d raises TypeError on an empty batch in AOTAutograd's trace, found by
+    `opweave fuzz`; here the compile is made to fail) leaves the graph to eager, with one
+    warning, not an error in the user's program."""
+    from opweave.frontends import torch_dynamo
+
+    def fail(gm, example_inputs, **_):
+        raise TypeError("cond must be a bool, but got <class 'int'>")
+    monkeypatch.setattr(torch_dynamo, "_compile_inference_graph", fail)
+    monkeypatch.setattr(torch_dynamo, "_compile_aten_graph", fail)
+    torch._dynamo.reset()
+    model, x = WithCumprod(), torch.randn(4, 8)
+    compiled = torch.compile(model, backend="opweave")
+    with pytest.warns(OpweaveFallbackWarning, match="could not be compiled .*TypeError: cond"):
+        with torch.no_grad():
+            y = compiled(x)
+    with torch.no_grad():
+        torch.testing.assert_close(y, model(x))
+    torch._dynamo.reset()
+
+
 def test_uncapturable_model_runs_in_eager_with_a_warning():
     class DataDependent(torch.nn.Module):
         def forward(self, x):

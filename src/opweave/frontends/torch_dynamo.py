@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from ..notices import OpweaveFallbackWarning, warn_once
 from ..options import Options
 from .decompositions import decomposition_table, ops_kept_whole
 from .freezing import FrozenProgram, freezable_positions
@@ -129,5 +130,15 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
                                       dynamo_inputs=list(example_inputs), options=resolved)
     backend = aot_autograd(fw_compiler=compiler, bw_compiler=compiler,
                            inference_compiler=inference, decompositions=decomposition_table())
-    with ops_kept_whole():
-        return backend(gm, example_inputs)
+    try:
+        with ops_kept_whole():
+            return backend(gm, example_inputs)
+    except Exception as err:  # noqa: BLE001  (a graph it cannot take runs, in eager)
+        # AOTAutograd traces the graph again, with the ops opweave keeps whole: a meta
+        # function can fail where eager runs (torch 2.13's upsample_nearest2d on an empty
+        # batch raises TypeError), and no failure to compile may stop the user's program
+        why = (str(err).splitlines() or [""])[0][:200]
+        warn_once(f"opweave: torch.compile's graph of {len(gm.graph.nodes)} nodes could not "
+                  f"be compiled ({type(err).__name__}: {why}); it runs in eager PyTorch",
+                  OpweaveFallbackWarning)
+        return gm.forward
