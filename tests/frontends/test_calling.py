@@ -179,18 +179,20 @@ class TwoInputs(torch.nn.Module):
         return h, h.sum(dim=1), h
 
 
-def _steady(compiled, *args, calls: int = 4):
-    """Calls enough for the native plan to be recorded, checked and replayed."""
-    with torch.no_grad():
-        for _ in range(calls):
-            compiled(*args)
-
-
-def test_a_repeated_call_goes_straight_to_the_native_plan(monkeypatch):
+def _replaying():
+    """TwoInputs, its inputs and its compile, called enough for the native plan to be
+    recorded, checked and replayed."""
     torch.manual_seed(0)
     model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
     compiled = _quiet_compile(model, (a, b))
-    _steady(compiled, a, b)
+    with torch.no_grad():
+        for _ in range(4):
+            compiled(a, b)
+    return model, a, b, compiled
+
+
+def test_a_repeated_call_goes_straight_to_the_native_plan(monkeypatch):
+    model, a, b, compiled = _replaying()
     assert compiled.program._direct is not None
     assert compiled.program.compiled_graphs[0].executor.native.plan is not None
 
@@ -206,10 +208,7 @@ def test_a_repeated_call_goes_straight_to_the_native_plan(monkeypatch):
 
 
 def test_a_repeated_call_of_another_kind_takes_the_checked_path():
-    torch.manual_seed(0)
-    model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
-    compiled = _quiet_compile(model, (a, b))
-    _steady(compiled, a, b)
+    model, a, b, compiled = _replaying()
     with pytest.raises(ValueError, match=r"tensor argument 1 of shape \[4, 8\], float32 on "
                                          r"cpu, got shape \[4, 9\]"):
         compiled(a, torch.randn(4, 9))
@@ -224,10 +223,7 @@ def test_a_repeated_call_of_another_kind_takes_the_checked_path():
 
 
 def test_profiling_times_the_steps_of_a_program_that_replays():
-    torch.manual_seed(0)
-    model, a, b = TwoInputs().eval(), torch.randn(4, 8), torch.randn(4, 8)
-    compiled = _quiet_compile(model, (a, b))
-    _steady(compiled, a, b)
+    model, a, b, compiled = _replaying()
     timed = []
 
     def wrap(i, call):
