@@ -112,6 +112,7 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     (see `opweave.compile`; precision applies to inference graphs), `freeze` (default
     True: freeze weights in inference graphs)."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._dynamo.exc import TorchDynamoException
 
     # torch.compile passes its `options` dict as one keyword argument named `options`
     options = {**(options.pop("options", None) or {}), **options}
@@ -133,6 +134,8 @@ def opweave_backend(gm: torch.fx.GraphModule, example_inputs, **options):
     try:
         with ops_kept_whole():
             return backend(gm, example_inputs)
+    except TorchDynamoException:
+        raise  # Dynamo's own signals (restart the analysis, ...) are for Dynamo
     except Exception as err:  # noqa: BLE001  (a graph it cannot take runs, in eager)
         # AOTAutograd traces the graph again, with the ops opweave keeps whole: a meta
         # function can fail where eager runs (torch 2.13's upsample_nearest2d on an empty
