@@ -218,8 +218,10 @@ def test_a_repeated_call_of_another_kind_takes_the_checked_path():
         strided = torch.randn(8, 4).T  # the plan recorded contiguous inputs: the steps run it
         for got, want in zip(compiled(a, strided), model(a, strided)):
             torch.testing.assert_close(got, want)
+        assert compiled._repeat is None  # the plan refused it: the next call is bound
         for got, want in zip(compiled(a, b), model(a, b)):  # and straight again
             torch.testing.assert_close(got, want)
+        assert compiled._repeat is not None
 
 
 def test_profiling_times_the_steps_of_a_program_that_replays():

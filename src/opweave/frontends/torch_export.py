@@ -157,9 +157,13 @@ class CompiledModel:
                 if entry.program is None:
                     return self.model(*args, **kwargs)
             check_tensor_types(self.name, entry.types, tensors)
-            flat = entry.program(*tensors)
-            if static and not kwargs and lengths is None and len(tensors) == len(args) \
+            flat = entry.program.replay(tensors)
+            if flat is None:
+                flat = entry.program(*tensors)
+            elif static and not kwargs and lengths is None and len(tensors) == len(args) \
                     and all(t is a for t, a in zip(tensors, args)):
+                # it replayed: a call like it skips binding (not one the plan refuses,
+                # such as a call under grad, which would check the weights twice)
                 self._repeat = (len(args), entry)
         outputs = pytree.tree_unflatten(list(flat), entry.out_spec)
         return outputs if lengths is None else caches.carry_into_inputs(canonical, outputs)
