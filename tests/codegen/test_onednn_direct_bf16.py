@@ -174,7 +174,8 @@ def test_its_records_say_whether_it_was_offered(monkeypatch):
     x = g.add_input("x", TensorType((4, 8), torch.float32))
     g.outputs = [linear(g, x, 8, 16, "fc")]
     anchor = next(n for n in g.nodes if n.op == "matmul")
-    ep = Epilogue()
+    bias = g.outputs[0].producer
+    ep = Epilogue(bias=bias, chain=(bias,))  # its result is the graph's output
     monkeypatch.setattr(library, "amx_products_on_torch", lambda: False)
     offered = library.signature(g, anchor, ep, "bf16")
     float32 = {"onednn", "onednn-direct"}
@@ -192,8 +193,9 @@ def test_its_records_say_whether_it_was_offered(monkeypatch):
 
 def test_on_amx_products_are_not_offered_it_and_convolutions_are(monkeypatch):
     """On a CPU with AMX bf16 tiles a product's bf16 forms are torch's alone (oneDNN 3.2's
-    AMX products ran slower in models than they measured), and its record says so; a
-    convolution keeps the direct form."""
+    AMX products ran slower in models than they measured), and a convolution's bf16 form
+    is the direct one alone (torch's ran slower in models than they measured); their
+    records say so."""
     _needs_bf16_primitives()
     from opweave.ir import Graph, TensorType
     from opweave.partition.legality import Epilogue
@@ -217,7 +219,13 @@ def test_on_amx_products_are_not_offered_it_and_convolutions_are(monkeypatch):
         assert "onednn-bf16" in product_forms
         record_key = library.signature(g, product, Epilogue(), "bf16")
         assert (("without", "onednn-direct-bf16") in record_key) is amx
-        assert "onednn-direct-bf16" in library.forms(g, conv.producer, Epilogue(), precision="bf16")
+        assert library.amx_convolutions_direct() is amx
+        conv_forms = set(library.forms(g, conv.producer, Epilogue(), precision="bf16"))
+        assert "onednn-direct-bf16" in conv_forms
+        assert ("onednn-bf16" in conv_forms) is not amx
+        assert {"onednn", "onednn-direct"} <= conv_forms  # the float32 forms stay
+        conv_key = library.signature(g, conv.producer, Epilogue(), "bf16")
+        assert (("without", "onednn-bf16") in conv_key) is amx
 
 
 def test_a_cpu_without_avx512_has_no_bf16_primitives():

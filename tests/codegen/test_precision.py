@@ -168,6 +168,7 @@ def test_a_bf16_convolution_adds_into_its_dead_residual_on_the_native_plan(monke
         name: [0.5 if name == form else 3.0] for name in candidates})
     monkeypatch.setattr(choice, "_CHOICES", {})
     monkeypatch.setattr(library, "amx_products_on_torch", lambda: False)
+    monkeypatch.setattr(library, "amx_convolutions_direct", lambda: False)
     torch.manual_seed(0)
     model, x = _Bottleneck().eval(), torch.randn(2, 3, 16, 16)
     options = Options(deterministic=True, precision="bf16", native="wait", tuning_db=None)
@@ -459,7 +460,8 @@ def test_a_residual_that_may_come_in_bf16_is_measured_in_bf16(monkeypatch):
 
     def stub_measure(candidates, args, rounds=7):
         if len(args) >= 2:
-            own = candidates["onednn-bf16"].measured_args(args)
+            low = next(fn for name, fn in candidates.items() if name.endswith("-bf16"))
+            own = low.measured_args(args)
             residuals.append(own[1].dtype)
         return {name: [1.0 if name.endswith("-bf16") else 2.0] for name in candidates}
 
@@ -658,6 +660,65 @@ def test_which_operands_may_arrive_in_bf16():
     assert [("reads", "bf16") in k for k in keys] == [False, False, True]
     assert all(("precision", "bf16") in k for k in keys)
 
+
+
+def test_which_results_may_leave_in_bf16():
+    """Structural: every reader takes it in bf16, a product or convolution (which round
+    it), a pointwise op or a layer norm (which widen it exactly), through views and
+    poolings; not a graph output, nor a result a reduction reads. The record says so."""
+    from opweave.ir import Graph, TensorType
+    from opweave.partition.legality import Epilogue
+
+    from ..partition.graphs import linear
+
+    g = Graph("leavings")
+    x = g.add_input("x", TensorType((4, 8), torch.float32))
+    to_kernel = linear(g, x, 8, 16, "fc1")
+    to_product = g.add1("relu", [to_kernel])
+    to_pooling = linear(g, to_product, 16, 16, "fc2")
+    rows = g.add1("reshape", [to_pooling], {"shape": [1, 4, 16]})
+    pooled = g.add1("adaptive_max_pool2d", [rows], {"output_size": [2, 4]})
+    to_mean = linear(g, g.add1("reshape", [pooled], {"shape": [2, 4]}), 4, 16, "fc3")
+    mean = g.add1("mean", [to_mean], {"dims": [1], "keepdim": False})
+    to_output = linear(g, g.add1("reshape", [mean], {"shape": [1, 2]}), 2, 4, "fc4")
+    g.outputs = [to_output]
+    users = library._users(g)
+    assert precision.may_leave_in_bf16(to_kernel, users)      # a ReLU kernel widens it
+    assert precision.may_leave_in_bf16(to_product, users)     # fc2 rounds it
+    assert precision.may_leave_in_bf16(to_pooling, users)     # through the pooling to fc3
+    assert not precision.may_leave_in_bf16(to_mean, users)    # a reduction reads it
+    assert not precision.may_leave_in_bf16(to_output, users)  # the graph's output
+    # the group's result is its epilogue's: here each product's bias add
+    anchors = [n for n in g.nodes if n.op == "matmul"]
+    adds = [next(u for u in users[a.outputs[0]] if u.op == "add") for a in anchors]
+    keys = [library.signature(g, a, Epilogue(bias=add, chain=(add,)), "bf16")
+            for a, add in zip(anchors, adds)]
+    assert [("leaves", "bf16") in k for k in keys] == [True, True, False, False]
+    assert all(("precision", "bf16") in k for k in keys)
+
+
+def test_a_form_whose_result_may_leave_in_bf16_is_measured_so():
+    """Where a group's result may leave in bf16, its bf16 forms are measured with the
+    result as they compute it, not widened, and its float32 forms with the result rounded,
+    as their readers would round it."""
+    from opweave.codegen import choice
+    from opweave.codegen.lower import _Leading
+
+    def doubled(x):
+        return [x * 2]
+
+    candidates = {"onednn-direct-bf16": _Leading(precision.LowPrecisionCall(doubled), 1),
+                  "onednn-direct": _Leading(doubled, 1), "reference": doubled}
+    x = torch.randn(4, 8)
+    leaving = choice.leaving_bf16(candidates)
+    for name, fn in leaving.items():
+        (y,) = fn(x)
+        assert y.dtype == torch.bfloat16, name
+        exact = x.to(torch.bfloat16) * 2 if name.endswith("-bf16") else (x * 2).to(torch.bfloat16)
+        assert torch.equal(y, exact), name
+    # the step itself still widens until `hand_off_in_bf16` says otherwise
+    assert candidates["onednn-direct-bf16"](x)[0].dtype == torch.float32
+    assert set(choice.measure(leaving, [x], rounds=1)) == set(candidates)
 
 def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     """The partitioner's price of a float32 group under bf16: the widening of what it

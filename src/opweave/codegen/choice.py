@@ -121,6 +121,9 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
         # convolutions keep activations channels-last between them, so measure them that way
         args = [_example(v, channels_last=key[0] == "conv") for v in inputs]
         shortlist = tune.shortlist(KIND, key, candidates, tune.active())
+        leaving = ("leaves", "bf16") in key
+        if leaving:
+            shortlist = leaving_bf16(shortlist)
         if ("reads", "bf16") in key:
             shortlist = handed_bf16(shortlist, residual=("residual", "bf16") in key)
         samples = measure(shortlist, args, rounds)
@@ -128,7 +131,7 @@ def choose(key: tuple, candidates: dict[str, Callable], inputs: list[Value],
             earlier = tune.recorded_samples(KIND, key)
             samples = {form: earlier.get(form, []) + times for form, times in samples.items()}
         best = _preferring_int8(samples) if ("precision", "int8") in key else \
-            _preferring_bf16(samples, handed=("reads", "bf16") in key) \
+            _preferring_bf16(samples, handed=("reads", "bf16") in key, leaving=leaving) \
             if ("precision", "bf16") in key else \
             _preferring_direct(samples)
         tune.remember(KIND, key, best, samples)
@@ -165,7 +168,8 @@ def _preferring_direct(samples: dict[str, list[float]], direct: str = "onednn-di
 BF16_MARGIN = 0.10
 
 
-def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> str:
+def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False,
+                     leaving: bool = False) -> str:
     """The bf16 forms' pick (as `_preferring_direct`), unless a float32 form measured
     faster (the float32 forms' pick, as `_preferring_direct`): that one is only more
     accurate. `handed`: the group's operand may come to it in bf16
@@ -178,7 +182,9 @@ def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> s
     bound by their operand's bytes run faster in float32: GCN's [2708, 1433] x [1433, 16]
     product on its input features, 673-677 us on oneDNN's direct float32 form against
     693-763 in bf16 on a Zen 4, warm; in the bench's calls, with the features coming from
-    memory, its bf16 model ran 2.48 ms against float32's 2.27."""
+    memory, its bf16 model ran 2.48 ms against float32's 2.27. `leaving`: the group's
+    result may leave in bf16 too, and each form was measured so (`leaving_bf16`): the
+    margin's two reasons are in the measurement, so there is none."""
     low = {name: times for name, times in samples.items() if name.endswith(prec.LOW_SUFFIX)}
     full = {name: times for name, times in samples.items() if name not in low}
     low_direct = "onednn-direct" + prec.LOW_SUFFIX
@@ -186,7 +192,7 @@ def _preferring_bf16(samples: dict[str, list[float]], handed: bool = False) -> s
         return _preferring_direct(samples, direct=low_direct if low else "onednn-direct")
     low_best = _preferring_direct(low, direct=low_direct)
     full_best = _preferring_direct(full)
-    margin = BF16_MARGIN if handed else 0.0
+    margin = BF16_MARGIN if handed and not leaving else 0.0
     if min(full[full_best]) * (1 + margin) < min(low[low_best]):
         return full_best
     return low_best
@@ -246,6 +252,30 @@ def handed_bf16(candidates: dict[str, Callable], residual: bool = False) -> dict
         call.measured_args = lambda args: [*map(prec.narrow, args[:handed]), *args[handed:]]
         return call
     return {name: reading(name, fn) for name, fn in candidates.items()}
+
+
+def leaving_bf16(candidates: dict[str, Callable]) -> dict[str, Callable]:
+    """The forms of a group whose result may leave in bf16 (`precision.may_leave_in_bf16`),
+    each measured with its result as its readers take it: a bf16 form's left in bf16
+    (`handed_on`), a float32 form's rounded, as its readers round it. Measured with the bf16
+    result widened, a bf16 form paid a conversion the model does not make, and a float32
+    form none of those it makes its readers do: MobileNetV2's 1x1 convolution 16->96 over
+    112x112 with ReLU6 measured 382 us in float32 against 502 in bf16, and the model ran
+    0.77x the time with its six float32 convolutions in bf16; ResNet-50's 1x1 convolutions
+    measured faster as torch's linear layers, and ran 0.96x the time all on oneDNN's own
+    convolution (2-core Xeon with AMX, one process, the compiles called alternately)."""
+    def leaving(fn: Callable) -> Callable:
+        handed_on = getattr(fn, "handed_on", None)
+        low = handed_on() if handed_on is not None else None
+        if low is not None:
+            return low
+
+        def call(*args):
+            return [prec.narrow(y) for y in fn(*args)]
+        if hasattr(fn, "measured_args"):
+            call.measured_args = fn.measured_args
+        return call
+    return {name: leaving(fn) for name, fn in candidates.items()}
 
 
 class _Anything:

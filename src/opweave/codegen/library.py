@@ -93,9 +93,11 @@ def _forms_in(graph, anchor, ep, out_shape, inplace: bool, low: bool,
         if few_rows and _gemv_fits(anchor, ep) and _gemv_offered():
             found["cpp-gemv"] = _gemv(graph, anchor, ep, out_shape)
         return found
-    found = {"onednn": _conv(graph, anchor, ep, out_shape, inplace, low)}
-    if pointwise_conv(anchor) and ep.binary is None:
-        found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
+    found = {}
+    if not (low and direct and amx_convolutions_direct()):
+        found["onednn"] = _conv(graph, anchor, ep, out_shape, inplace, low)
+        if pointwise_conv(anchor) and ep.binary is None:
+            found["onednn-gemm"] = _conv_as_linear(graph, anchor, ep, out_shape, low)
     if direct:
         found["onednn-direct"] = _direct_conv(graph, anchor, ep, out_shape, inplace, low=low)
     if direct and not low and _winograd_fits(graph, anchor, ep) and _winograd_offered():
@@ -221,6 +223,18 @@ def amx_products_on_torch() -> bool:
     process, the two compiles alternating call by call; `perf`: the direct library's
     kernels took 1.6x the CPU time of torch's in the model). Convolutions keep the form:
     ResNet-50 ran faster with it (docs/precision.md)."""
+    return "amx_bf16" in prec.cpu_flags()
+
+
+def amx_convolutions_direct() -> bool:
+    """Whether bf16 convolutions run on oneDNN's own library only, where it has their
+    direct form: on CPUs with AMX bf16 tiles. There torch's bf16 forms (its convolution,
+    a 1x1 one as its linear layer) measured faster alone at some shapes and ran slower in
+    the model: with them on the direct form instead, ResNet-50 took 0.96x and 0.98x the
+    time, DenseNet-121 0.94x, RegNet 0.96x, MobileNetV2 0.95x (2-core Xeon, family 6
+    model 207, one process, the two compiles called alternately, medians of 200-300
+    pairs). The mirror of `amx_products_on_torch`; why each library runs slower in the
+    model than alone is not known."""
     return "amx_bf16" in prec.cpu_flags()
 
 
@@ -383,7 +397,11 @@ def _unless_reference_only(run: Callable, torch_form: Callable[[], Callable]) ->
     return call
 
 
-def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32") -> tuple:
+def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32",
+              users: dict | None = None) -> tuple:
+    """The key of the group's measured form: its shapes and post-ops, the forms withheld
+    here, and under a lower precision how its operands arrive and its result leaves
+    (`users`: value -> the nodes reading it, the graph's own when not given)."""
     posts = tuple((n.op, repr(sorted(n.attrs.items()))) for n in ep.chain)
     key = (anchor.op, tuple(sorted((k, str(v)) for k, v in anchor.attrs.items())),
            tuple(str(v.type) for v in anchor.inputs), posts)
@@ -394,6 +412,9 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
     elif prec.applies(precision, anchor.op) and direct_fits(anchor, ep) \
             and not _bf16_direct_offered(anchor):
         key += (("without", "onednn-direct" + prec.LOW_SUFFIX),)
+    elif prec.applies(precision, anchor.op) and anchor.op == "conv" \
+            and direct_fits(anchor, ep) and amx_convolutions_direct():
+        key += (("without", "onednn" + prec.LOW_SUFFIX),)  # nor its linear-layer form
     if not prec.applies(precision, anchor.op) and _gemv_fits(anchor, ep) \
             and not _gemv_offered():
         key += (("without", "cpp-gemv"),)
@@ -409,14 +430,32 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32")
         codes = library_int8.codes_arriving(graph, anchor, ep)
         return key + (("precision", precision), ("codes", *codes))
     outputs = frozenset(graph.outputs)
-    if prec.applies(precision, anchor.op) and prec.may_arrive_in_bf16(anchor.inputs[0], outputs):
-        # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
-        key += (("precision", precision), ("reads", "bf16"))
-        residual = group_inputs(anchor, ep)[1:]
-        if residual and prec.may_arrive_in_bf16(residual[0], outputs):
-            # measured on a bf16 residual too (`choice.handed_bf16`)
-            key += (("residual", "bf16"),)
+    if prec.applies(precision, anchor.op):
+        reads = prec.may_arrive_in_bf16(anchor.inputs[0], outputs)
+        leaves = prec.may_leave_in_bf16((ep.last or anchor).outputs[0],
+                                        _users(graph) if users is None else users, outputs)
+    if prec.applies(precision, anchor.op) and (reads or leaves):
+        key += (("precision", precision),)
+        if reads:
+            # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
+            key += (("reads", "bf16"),)
+            residual = group_inputs(anchor, ep)[1:]
+            if residual and prec.may_arrive_in_bf16(residual[0], outputs):
+                # measured on a bf16 residual too (`choice.handed_bf16`)
+                key += (("residual", "bf16"),)
+        if leaves:
+            # measured with its result as its readers take it (`choice.leaving_bf16`)
+            key += (("leaves", "bf16"),)
         return key
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key
+
+
+def _users(graph: Graph) -> dict:
+    """value -> the nodes reading it."""
+    users: dict = {}
+    for node in graph.nodes:
+        for v in dict.fromkeys(node.inputs):
+            users.setdefault(v, []).append(node)
+    return users

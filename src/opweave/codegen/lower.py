@@ -340,7 +340,8 @@ def _anchor_candidates(graph, ctx, group, nodes, outputs, inplace: bool = False,
     k = len(used)
     for name, fn in library.forms(graph, anchor, ep, inplace, precision).items():
         candidates[name] = _Leading(fn, k)
-    return library.signature(graph, anchor, ep, precision), candidates, ins, ep, inplace
+    key = library.signature(graph, anchor, ep, precision, ctx.users)
+    return key, candidates, ins, ep, inplace
 
 
 def _anchor_step(graph, ctx, group, nodes, outputs, measure: bool, inplace: bool,
@@ -403,6 +404,13 @@ class _Leading:
         inner = getattr(self.form, "measured_args", None)
         return args if inner is None else [*inner(args[:self.k]), *args[self.k:]]
 
+    def handed_on(self) -> "_Leading | None":
+        """The form with its bf16 results left in bf16 (`LowPrecisionCall.handed_on`);
+        None for a form that computes in float32."""
+        if not isinstance(self.form, prec.LowPrecisionCall):
+            return None
+        return _Leading(self.form.handed_on(), self.k)
+
 
 def measured_anchor_seconds(graph, ctx, group, precision: str = "fp32") -> float:
     """The measured time of an anchor group's best form (the partitioner's anchor cost).
@@ -436,7 +444,7 @@ def _measured_group_seconds(graph, ctx, group, precision: str) -> float:
     nodes = sorted(group, key=ctx.index.__getitem__)
     work = _flops(nodes[0])
     known = choice.measured(library.signature(graph, nodes[0], anchor_epilogue(ctx, group),
-                                               precision), work)
+                                               precision, ctx.users), work)
     if known is not None:  # skip packing weights for a shape measured already
         return known
     outputs = [v for n in nodes for v in n.outputs if ctx.escapes(v, group)]

@@ -84,6 +84,12 @@ class LowPrecisionCall:
         outs = self.fn(*self.operands(args))
         return [y if i in self.keep_low else widen(y) for i, y in enumerate(outs)]
 
+    def handed_on(self) -> Callable:
+        """The call with every result left in bf16, as `hand_off_in_bf16` leaves it for
+        readers that round it (how a group whose result may leave in bf16 is measured:
+        `choice.leaving_bf16`)."""
+        return lambda *args: self.fn(*self.operands(args))
+
 
 # ops that compute in float32 and may read a bf16 operand as it is: torch's kernel widens
 # it in registers (exactly, as `widen` does) and accumulates in float32 (its mixed-dtype
@@ -238,6 +244,30 @@ def read_in_bf16(v, users) -> bool:
                 any(read_in_bf16(o, users) for o in u.outputs):
             return True
     return False
+
+
+def may_leave_in_bf16(v, users, graph_outputs=frozenset(), depth: int = 4) -> bool:
+    """Whether a bf16 step's result `v` may go to its readers in bf16, as
+    `hand_off_in_bf16` leaves it: every reader takes it so, directly or through views, cat
+    and poolings with bf16 kernels (`users`: value -> the nodes reading it). A product,
+    convolution or attention rounds it; a layer norm (`MixedCall`) and a pointwise op (a
+    generated kernel's bf16 form, or the epilogue of a group that adds it as its residual)
+    widen it exactly; a graph output stays float32. Structural, as `may_arrive_in_bf16`:
+    a "may", since a reader may still compute in float32. ResNet-50's convolutions but the
+    last (read by the mean), BERT's and ViT's products (read by attention, the next
+    product, GELU or a layer norm) are such."""
+    readers = users.get(v, ())
+    if v in graph_outputs or not readers:
+        return False
+    for u in readers:
+        if u.op in LOWERED_OPS or u.op in _POINTWISE_OPS or \
+                (u.op in MIXED_OPS and u.inputs[0] is v and v not in u.inputs[1:]):
+            continue
+        if depth > 0 and (u.opdef.is_view or u.op in PASSING_OPS or u.op in POOLING_OPS) \
+                and all(may_leave_in_bf16(o, users, graph_outputs, depth - 1) for o in u.outputs):
+            continue
+        return False
+    return True
 
 
 def _only_read_in_bf16(v, users) -> bool:
