@@ -204,15 +204,16 @@ def draw(seed: int) -> tuple[nn.Module, list[torch.Tensor]]:
 
 @contextmanager
 def random_forms(seed: int):
-    """Within it, every choice among a group's library forms is drawn at random (seeded)
-    instead of measured or recalled, and nothing is recorded."""
+    """Within it, every choice among a group's library forms is drawn at random instead of
+    measured or recalled, and nothing is recorded. The draw is seeded by `seed` and the
+    group's key, not taken from one stream: a compile that asks about fewer groups (their
+    times known from an earlier one in the process) draws the same forms for the rest."""
     from unittest import mock
 
     from ..codegen import choice
 
-    rng = random.Random(seed)
-
     def choose(key, candidates, inputs, rounds=7, work=0.0):
+        rng = random.Random(f"{seed}:{key!r}")
         return rng.choice(sorted(candidates)), 1e-4  # (a time: cost estimates read it)
     with mock.patch.object(choice, "choose", choose):
         yield
