@@ -434,19 +434,18 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32",
         reads = prec.may_arrive_in_bf16(anchor.inputs[0], outputs)
         leaves = prec.may_leave_in_bf16((ep.last or anchor).outputs[0],
                                         _users(graph) if users is None else users, outputs)
-    if prec.applies(precision, anchor.op) and (reads or leaves):
-        key += (("precision", precision),)
         if reads:
             # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
-            key += (("reads", "bf16"),)
+            key += (("precision", precision), ("reads", "bf16"))
             residual = group_inputs(anchor, ep)[1:]
             if residual and prec.may_arrive_in_bf16(residual[0], outputs):
                 # measured on a bf16 residual too (`choice.handed_bf16`)
                 key += (("residual", "bf16"),)
         if leaves:
             # measured with its result as its readers take it (`choice.leaving_bf16`)
-            key += (("leaves", "bf16"),)
-        return key
+            key += (() if reads else (("precision", precision),)) + (("leaves", "bf16"),)
+        if reads or leaves:
+            return key
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key
