@@ -682,7 +682,7 @@ def test_which_results_may_leave_in_bf16():
     mean = g.add1("mean", [to_mean], {"dims": [1], "keepdim": False})
     to_output = linear(g, g.add1("reshape", [mean], {"shape": [1, 2]}), 2, 4, "fc4")
     g.outputs = [to_output]
-    users = library._users(g)
+    users = g.users()
     assert precision.may_leave_in_bf16(to_kernel, users)      # a ReLU kernel widens it
     assert precision.may_leave_in_bf16(to_product, users)     # fc2 rounds it
     assert precision.may_leave_in_bf16(to_pooling, users)     # through the pooling to fc3

@@ -433,7 +433,7 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32",
     if prec.applies(precision, anchor.op):
         reads = prec.may_arrive_in_bf16(anchor.inputs[0], outputs)
         leaves = prec.may_leave_in_bf16((ep.last or anchor).outputs[0],
-                                        _users(graph) if users is None else users, outputs)
+                                        graph.users() if users is None else users, outputs)
         if reads:
             # its bf16 form is then kept within a margin (`choice._preferring_bf16`)
             key += (("precision", precision), ("reads", "bf16"))
@@ -449,12 +449,3 @@ def signature(graph: Graph, anchor: Node, ep: Epilogue, precision: str = "fp32",
     lowered = prec.applies(precision, anchor.op) or int8.applies(precision, anchor.op) \
         or _bf16x3_offered(precision, anchor, ep)
     return key + (("precision", precision),) if lowered else key
-
-
-def _users(graph: Graph) -> dict:
-    """value -> the nodes reading it."""
-    users: dict = {}
-    for node in graph.nodes:
-        for v in dict.fromkeys(node.inputs):
-            users.setdefault(v, []).append(node)
-    return users

@@ -114,6 +114,15 @@ class Graph:
                          name=name, source=source)
 
     # -- queries --------------------------------------------------------------------------
+    def users(self) -> dict[Value, list[Node]]:
+        """value -> the nodes reading it, in graph order (a node once per operand that
+        is the value); a value nothing reads has no entry."""
+        users: dict[Value, list[Node]] = {}
+        for node in self.nodes:
+            for v in node.inputs:
+                users.setdefault(v, []).append(node)
+        return users
+
     def op_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
         for node in self.nodes:

@@ -30,10 +30,7 @@ class Context:
             self.role[n], self.reason[n] = classify(graph, n, fusible)
         for n in apart:  # its result must exist on its own (a mask kept for the backward)
             self.role[n], self.reason[n] = Role.OPAQUE, "kept apart: its result is kept"
-        self.users: dict[Value, list[Node]] = {}
-        for n in graph.nodes:
-            for v in n.inputs:
-                self.users.setdefault(v, []).append(n)
+        self.users: dict[Value, list[Node]] = graph.users()
         self.graph_outputs = set(graph.outputs)
         # desc[i]: bitset of nodes reachable from node i (itself excluded); anc likewise.
         self.desc = [0] * len(self.nodes)

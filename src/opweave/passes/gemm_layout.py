@@ -19,10 +19,7 @@ def transpose_gemm_weights(graph: Graph) -> int:
     """Rewrite, in place, `matmul(x, C)` with C a rank-2 contiguous constant into
     `matmul(x, permute(C^T stored))`; returns how many weights changed."""
     producers = {v: n for n in graph.nodes for v in n.outputs}
-    users: dict = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
+    users = graph.users()
     changed = 0
     replacements = {}
     for node in list(graph.nodes):

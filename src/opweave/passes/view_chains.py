@@ -36,10 +36,7 @@ def mergeable_chains(graph: Graph) -> list[tuple[list[Node], tuple[list[int], li
     """(chain, (factors, perm)) for each chain of reshapes and permutes holding two or
     more permutes (each link read only by the next, static shapes) that is a permutation
     of factors of its input's axes (`_as_one_permutation`). Reads the graph only."""
-    users: dict[Value, list[Node]] = {}
-    for node in graph.nodes:
-        for v in node.inputs:
-            users.setdefault(v, []).append(node)
+    users = graph.users()
     outputs = set(graph.outputs)
     inside: set[Node] = set()
     found = []

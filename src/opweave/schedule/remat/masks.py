@@ -21,10 +21,7 @@ def hoist_masks(graph: Graph) -> list[Node]:
     """Move each comparison of a value with constants that is worth encoding (see the
     module's docstring) to just after the last of its operands is made, in place.
     Returns the comparisons moved."""
-    readers: dict[Value, list[Node]] = {}
-    for node in graph.nodes:
-        for value in node.inputs:
-            readers.setdefault(value, []).append(node)
+    readers = graph.users()
     moved = []
     for value, comparisons in _maskable(graph, readers):
         for comparison in comparisons:
