@@ -661,7 +661,6 @@ def test_which_operands_may_arrive_in_bf16():
     assert all(("precision", "bf16") in k for k in keys)
 
 
-
 def test_which_results_may_leave_in_bf16():
     """Structural: every reader takes it in bf16, a product or convolution (which round
     it), a pointwise op or a layer norm (which widen it exactly), through views and
@@ -719,6 +718,7 @@ def test_a_form_whose_result_may_leave_in_bf16_is_measured_so():
     # the step itself still widens until `hand_off_in_bf16` says otherwise
     assert candidates["onednn-direct-bf16"](x)[0].dtype == torch.float32
     assert set(choice.measure(leaving, [x], rounds=1)) == set(candidates)
+
 
 def test_a_float32_kernel_between_bf16_steps_is_charged_its_conversions():
     """The partitioner's price of a float32 group under bf16: the widening of what it
